@@ -1,0 +1,112 @@
+"""MHLA attention module: owns the block-mixing matrix Mc and calls ``mediagen.kernels.mhla``.
+
+Mc starts with the paper's locality bias: m_ij proportional to 1 - dist(i, j) / max_k dist(i, k),
+distances Euclidean between block centres on the block grid, each row normalised to sum 1.
+Mc is kept in [0, 1] by clipping after each optimizer step (the paper's choice): call
+``clip_mix_()`` yourself, or ``register_mix_clipping(optimizer, model)`` once. Clipping rather than
+a sigmoid reparametrisation keeps the initial zeros (farthest blocks) representable exactly.
+
+Global linear attention is the M = 1 case of the same code (``LinearAttention``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..kernels import mhla
+from ..kernels.mhla.checks import FEATURE_MAPS
+
+
+def block_centres(blocks: Sequence[int]) -> torch.Tensor:
+    """Coordinates of every block on the block grid, row-major, shape (M, len(blocks))."""
+    axes = [torch.arange(b, dtype=torch.float64) for b in blocks]
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(blocks))
+
+
+def locality_mix(blocks: Sequence[int]) -> torch.Tensor:
+    """The paper's locality-biased Mc (M, M), float32; rows sum to 1, entries in [0, 1]."""
+    c = block_centres(blocks)
+    dist = torch.cdist(c, c)
+    far = dist.max(dim=1, keepdim=True).values
+    w = torch.where(far > 0, 1.0 - dist / far.clamp_min(1e-12), torch.ones_like(dist))
+    return (w / w.sum(dim=1, keepdim=True)).float()
+
+
+class MHLAttention(nn.Module):
+    """Token-level multi-head linear attention over a (F, H, W), (H, W) or (N,) token grid.
+
+    Args:
+        blocks: block count per grid axis; fixed, so Mc has a fixed size M = prod(blocks).
+        heads: when given, each head gets its own Mc (H, M, M); otherwise one Mc is shared.
+        feature_map: "relu" or "elu1", applied to q and k inside the kernel.
+        normalize: divide by q~ . z~ + eps (True) or multiply by ``scale`` (False).
+    """
+
+    def __init__(self, blocks: Sequence[int], *, heads: int | None = None, feature_map: str = "relu",
+                 normalize: bool = True, eps: float = 1e-6, scale: float | None = None):
+        super().__init__()
+        blocks = tuple(int(b) for b in blocks)
+        if not blocks or any(b < 1 for b in blocks) or len(blocks) > 3:
+            raise ValueError(f"blocks must be 1 to 3 positive ints; got {blocks}")
+        if feature_map not in FEATURE_MAPS or feature_map is None:
+            raise ValueError(f"feature_map={feature_map!r} is not allowed: use 'relu' or 'elu1'")
+        self.blocks = blocks
+        self.feature_map = feature_map
+        self.normalize = normalize
+        self.eps = eps
+        self.scale = scale
+        mix = locality_mix(blocks)
+        if heads is not None:
+            mix = mix.expand(heads, -1, -1).clone()
+        self.mix = nn.Parameter(mix)
+
+    @property
+    def num_blocks(self) -> int:
+        return math.prod(self.blocks)
+
+    def forward(self, q, k, v, grid: Sequence[int]):
+        """q, k, v: (B, N, H, D) with N = prod(grid); returns (B, N, H, D)."""
+        grid = tuple(int(g) for g in grid)
+        if len(grid) != len(self.blocks):
+            raise ValueError(f"grid={grid} has {len(grid)} axes but this layer's blocks={self.blocks} "
+                             f"has {len(self.blocks)}")
+        return mhla(q, k, v, self.mix, grid, self.blocks, normalize=self.normalize, eps=self.eps,
+                    feature_map=self.feature_map, scale=self.scale if not self.normalize else None)
+
+    @torch.no_grad()
+    def clip_mix_(self):
+        """Keep Mc in [0, 1] (call after each optimizer step)."""
+        self.mix.clamp_(0.0, 1.0)
+
+    def extra_repr(self) -> str:
+        return (f"blocks={self.blocks}, mix={tuple(self.mix.shape)}, feature_map={self.feature_map!r}, "
+                f"normalize={self.normalize}")
+
+
+class LinearAttention(MHLAttention):
+    """Plain global linear attention: MHLA with one block (M = 1, Mc = [[1]], frozen)."""
+
+    def __init__(self, ndim: int = 1, **kwargs):
+        super().__init__((1,) * ndim, **kwargs)
+        self.mix.requires_grad_(False)
+
+    def forward(self, q, k, v, grid: Sequence[int] | None = None):
+        n = q.shape[1]
+        return mhla(q, k, v, self.mix.to(q.device), (n,), (1,), normalize=self.normalize, eps=self.eps,
+                    feature_map=self.feature_map, scale=self.scale if not self.normalize else None)
+
+
+def clip_mixes_(model: nn.Module) -> None:
+    """Clip every MHLA mixing matrix inside ``model`` to [0, 1]."""
+    for m in model.modules():
+        if isinstance(m, MHLAttention) and m.mix.requires_grad:
+            m.clip_mix_()
+
+
+def register_mix_clipping(optimizer: torch.optim.Optimizer, model: nn.Module):
+    """Clip the model's Mc matrices after every ``optimizer.step()``; returns the hook handle."""
+    return optimizer.register_step_post_hook(lambda *_: clip_mixes_(model))

@@ -1,0 +1,99 @@
+"""Block layout of a token grid: validation, per-token block ids, block-sorted token lists.
+
+Tokens lie in row-major order over ``grid`` (for video (F, H, W)). Along an axis of length L cut
+into b blocks, block j spans [floor(j*L/b), floor((j+1)*L/b)), so any grid works and blocks may be
+ragged (sizes differ by at most one per axis). Token x of that axis is in block
+j = ((x + 1) * b - 1) // L, the inverse of the span formula. Block ids are row-major over the block
+grid. Nothing here copies q, k or v: kernels read tokens in place through these index lists.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+
+
+def check_grid_blocks(grid: Sequence[int], blocks: Sequence[int], n_tokens: int | None = None):
+    """Validate ``grid`` and ``blocks``; return them as tuples of ints."""
+    if isinstance(grid, int):
+        grid = (grid,)
+    if isinstance(blocks, int):
+        blocks = (blocks,)
+    grid, blocks = tuple(grid), tuple(blocks)
+    if not 1 <= len(grid) <= 3:
+        raise ValueError(f"grid must have 1 to 3 axes (tokens, (H, W) or (F, H, W)); got grid={grid}")
+    if any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in grid):
+        raise ValueError(f"grid must hold positive ints; got grid={grid}")
+    if len(blocks) != len(grid):
+        raise ValueError(
+            f"blocks must have one count per grid axis: len(grid)={len(grid)}, got blocks={blocks}"
+        )
+    for axis, (g, b) in enumerate(zip(grid, blocks)):
+        if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= g:
+            raise ValueError(
+                f"blocks[{axis}]={b!r} is not allowed: each block count must be an int from 1 to the "
+                f"axis length grid[{axis}]={g}"
+            )
+    if n_tokens is not None and n_tokens != math.prod(grid):
+        raise ValueError(
+            f"N={n_tokens} tokens do not fill grid={grid}: N must equal prod(grid)={math.prod(grid)}"
+        )
+    return grid, blocks
+
+
+def axis_block_ids(length: int, n_blocks: int) -> torch.Tensor:
+    """Block id of every position along one axis (int64, shape (length,))."""
+    x = torch.arange(length)
+    return ((x + 1) * n_blocks - 1) // length
+
+
+def block_bounds(length: int, n_blocks: int) -> list[tuple[int, int]]:
+    """[start, end) of every block along one axis."""
+    return [(j * length // n_blocks, (j + 1) * length // n_blocks) for j in range(n_blocks)]
+
+
+@lru_cache(maxsize=256)
+def _token_block_ids_cpu(grid: tuple[int, ...], blocks: tuple[int, ...]) -> torch.Tensor:
+    ids = torch.zeros((), dtype=torch.int64)
+    for g, b in zip(grid, blocks):
+        ids = ids[..., None] * b + axis_block_ids(g, b)
+    return ids.reshape(-1)
+
+
+def token_block_ids(grid, blocks, device=None) -> torch.Tensor:
+    """Block id of every token (int64, shape (N,)), tokens in row-major grid order."""
+    grid, blocks = check_grid_blocks(grid, blocks)
+    return _token_block_ids_cpu(grid, blocks).to(device)
+
+
+@lru_cache(maxsize=256)
+def _block_lists_cpu(grid: tuple[int, ...], blocks: tuple[int, ...]):
+    ids = _token_block_ids_cpu(grid, blocks)
+    order = torch.sort(ids, stable=True).indices.to(torch.int32)
+    counts = torch.bincount(ids, minlength=math.prod(blocks))
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32)
+    offsets[1:] = torch.cumsum(counts, 0).to(torch.int32)
+    return order, offsets, int(counts.max())
+
+
+_device_cache: dict = {}
+
+
+def block_token_lists(grid, blocks, device):
+    """Tokens sorted by block (int32 (N,)), block offsets into it (int32 (M+1,)), largest block size.
+
+    Cached per (grid, blocks, device) so repeated layers reuse one small index array.
+    """
+    grid, blocks = check_grid_blocks(grid, blocks)
+    key = (grid, blocks, str(device))
+    hit = _device_cache.get(key)
+    if hit is None:
+        order, offsets, largest = _block_lists_cpu(grid, blocks)
+        hit = (order.to(device), offsets.to(device), largest)
+        if len(_device_cache) > 256:
+            _device_cache.clear()
+        _device_cache[key] = hit
+    return hit

@@ -1,0 +1,42 @@
+"""``mhla``: picks the Triton kernels on CUDA tensors and the reference elsewhere.
+
+Force a path with ``backend="triton"`` / ``"reference"`` or the environment variable
+MEDIAGEN_MHLA_BACKEND (the argument wins). With TRITON_INTERPRET=1 set before import, the Triton
+path runs on CPU tensors too (slowly), which is how the tests check the kernels without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .checks import check_mhla_args
+from .naive import mhla_reference
+
+BACKENDS = ("auto", "triton", "reference")
+
+
+def resolve_backend(backend, device) -> str:
+    backend = backend or os.environ.get("MEDIAGEN_MHLA_BACKEND") or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not allowed: use one of {BACKENDS}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    return backend
+
+
+def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None,
+         algorithm="auto"):
+    """MHLA over a 1D/2D/3D token grid. q, k, v: (B, N, H, D); mix: (M, M) or (H, M, M).
+
+    Returns o (B, N, H, D) in q's dtype. See DESIGN.md for the math; accumulation is fp32.
+    ``algorithm`` ("auto", "chunked", "dense") chooses the Triton forward: chunked writes per-block
+    summaries and suits long sequences; dense recomputes them on chip and suits short ones.
+    """
+    grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
+    if resolve_backend(backend, q.device) == "reference":
+        return mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, eps=eps,
+                              feature_map=feature_map, scale=scale)
+    from .triton_op import mhla_triton  # imported late: triton is only needed on this path
+
+    return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
+                       feature_map=feature_map, scale=scale, algorithm=algorithm)

@@ -1,0 +1,17 @@
+"""Dense O(N^2) MHLA oracle (DESIGN.md): A[t, s] = mix[i(t), i(s)] * phi(q_t).phi(k_s), row-normalised."""
+
+import torch
+
+from mediagen.kernels import token_block_ids
+from mediagen.kernels.mhla.checks import feature
+
+
+def mhla_dense(q, k, v, mix, grid, blocks, normalize=True, eps=1e-6, feature_map=None, scale=None):
+    ids = token_block_ids(grid, blocks, q.device)
+    qf, kf = feature(q.double(), feature_map), feature(k.double(), feature_map)
+    w = mix.double()[..., ids[:, None], ids[None, :]]  # (N, N) or (H, N, N)
+    scores = torch.einsum("bthd,bshd->bhts", qf, kf) * w
+    out = torch.einsum("bhts,bshd->bthd", scores, v.double())
+    if normalize:
+        return out / (scores.sum(-1).transpose(1, 2)[..., None] + eps)
+    return out * (1.0 if scale is None else scale)

@@ -1,0 +1,116 @@
+"""The plain-PyTorch MHLA reference against the dense fp64 oracle, gradcheck, and bad inputs."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from mediagen.kernels import mhla, mhla_reference, token_block_ids
+from mediagen.kernels.mhla.layout import block_bounds
+from mhla_oracle import mhla_dense
+
+CASES = [  # grid, blocks (ragged ones included)
+    ((37,), (5,)),
+    ((7, 9), (3, 2)),
+    ((6, 5), (6, 5)),
+    ((3, 5, 7), (2, 2, 3)),
+    ((4, 6, 5), (1, 3, 5)),
+]
+
+
+def rand_inputs(B, grid, H, D, dtype=torch.float64, positive=True, gen=None):
+    N = math.prod(grid)
+    q, k = (torch.rand(B, N, H, D, dtype=dtype, generator=gen) for _ in range(2))
+    if not positive:
+        q, k = q * 2 - 1, k * 2 - 1
+    v = torch.randn(B, N, H, D, dtype=dtype, generator=gen)
+    return q, k, v
+
+
+@pytest.mark.parametrize("grid,blocks", CASES)
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_reference_matches_dense_oracle(grid, blocks, per_head, normalize):
+    B, H, D, M = 2, 3, 8, math.prod(blocks)
+    q, k, v = rand_inputs(B, grid, H, D)
+    mix = torch.rand((H, M, M) if per_head else (M, M), dtype=torch.float64)
+    scale = None if normalize else 0.37
+    got = mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, scale=scale)
+    want = mhla_dense(q, k, v, mix, grid, blocks, normalize=normalize, scale=scale)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("feature_map", ["relu", "elu1"])
+def test_reference_feature_maps(feature_map):
+    grid, blocks = (5, 6), (2, 3)
+    q, k, v = rand_inputs(1, grid, 2, 16, positive=False)
+    mix = torch.rand(6, 6, dtype=torch.float64)
+    got = mhla_reference(q, k, v, mix, grid, blocks, feature_map=feature_map)
+    want = mhla_dense(q, k, v, mix, grid, blocks, feature_map=feature_map)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_block_ids_follow_floor_spans():
+    for _ in range(50):
+        L = random.randint(1, 40)
+        b = random.randint(1, L)
+        ids = token_block_ids((L,), (b,)).tolist()
+        for j, (s, e) in enumerate(block_bounds(L, b)):
+            assert e > s and ids[s:e] == [j] * (e - s)
+
+
+def test_block_ids_are_row_major_over_block_grid():
+    grid, blocks = (4, 6), (2, 3)
+    ids = token_block_ids(grid, blocks).view(grid)
+    assert ids[0, 0] == 0 and ids[0, 5] == 2 and ids[3, 0] == 3 and ids[3, 5] == 5
+
+
+def test_reference_gradcheck():
+    grid, blocks = (3, 4), (2, 2)
+    q, k, v = (t.requires_grad_() for t in rand_inputs(1, grid, 2, 4))
+    mix = torch.rand(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, m: mhla_reference(q, k, v, m, grid, blocks, feature_map="elu1"), (q, k, v, mix))
+
+
+def _ok():
+    q = torch.rand(1, 12, 2, 16)
+    return dict(q=q, k=q.clone(), v=q.clone(), mix=torch.rand(4, 4), grid=(3, 4), blocks=(2, 2))
+
+
+BAD = [
+    (dict(grid=(3, 5)), "prod(grid)"),
+    (dict(blocks=(2,)), "one count per grid axis"),
+    (dict(blocks=(0, 2)), "blocks[0]"),
+    (dict(blocks=(4, 2)), "blocks[0]=4"),
+    (dict(mix=torch.rand(3, 3)), "mix has shape"),
+    (dict(mix=torch.rand(5, 4, 4)), "mix has shape"),
+    (dict(k=torch.rand(1, 12, 2, 16, dtype=torch.float16)), "share one dtype"),
+    (dict(v=torch.rand(1, 12, 2, 8)), "one shape"),
+    (dict(q=torch.rand(1, 12, 2, 8), k=torch.rand(1, 12, 2, 8), v=torch.rand(1, 12, 2, 8)), "head dim D=8"),
+    (dict(q=torch.rand(1, 12, 2, 264), k=torch.rand(1, 12, 2, 264), v=torch.rand(1, 12, 2, 264)), "D=264"),
+    (dict(q=torch.rand(12, 2, 16)), "4-D tensor"),
+    (dict(grid=(1, 2, 3, 2), blocks=(1, 1, 1, 1)), "1 to 3 axes"),
+    (dict(q=torch.rand(1, 12, 2, 16, dtype=torch.float64), k=torch.rand(1, 12, 2, 16, dtype=torch.float64),
+          v=torch.rand(1, 12, 2, 16, dtype=torch.float64)), "allowed"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD)
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_bad_input_raises_value_error(change, message, backend):
+    args = _ok()
+    args.update(change)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        mhla(args["q"], args["k"], args["v"], args["mix"], args["grid"], args["blocks"], backend=backend)
+
+
+def test_bad_options_raise():
+    a = _ok()
+    with pytest.raises(ValueError, match="feature_map='gelu'"):
+        mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], feature_map="gelu")
+    with pytest.raises(ValueError, match="scale"):
+        mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], scale=2.0)
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], backend="cuda")
