@@ -1,0 +1,13 @@
+"""Gated DeltaNet and HLA (hierarchical affine history) as pure functions: a token-by-token
+reference (``naive``), a plain-PyTorch chunked path (``chunk``), chunk gates (``router``) and the
+flash-linear-attention backend for CUDA (``fla_backend``, imported lazily)."""
+
+from .chunk import (chunk_summaries, gated_delta_rule_chunked, hla_chunked, hla_walk, hla_walk_sparse,
+                    pad_to_chunks, select_chunks)
+from .fla_backend import fla_available
+from .naive import chunk_maps_recurrent, gdn_recurrent, hla_recurrent
+from .router import bucket_representatives, chunk_gates, gate_regularisers
+
+__all__ = ["chunk_summaries", "gated_delta_rule_chunked", "hla_chunked", "hla_walk", "hla_walk_sparse",
+           "pad_to_chunks", "select_chunks", "fla_available", "chunk_maps_recurrent", "gdn_recurrent",
+           "hla_recurrent", "bucket_representatives", "chunk_gates", "gate_regularisers"]

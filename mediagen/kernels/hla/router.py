@@ -1,0 +1,76 @@
+"""HLA's query-dependent chunk gates and their regularisers (pure functions; weights are passed in).
+
+Each chunk of C keys is cut into buckets of ``pool`` tokens. A bucket's representative is in-bucket
+softmax self-attention of its keys (per-head projections Wk, Wv, Wo), mean-pooled over the bucket.
+A query token t scores a past chunk j by the log-mean-exp over j's buckets of q_route_t . rep / sqrt(d),
+and its gate is g = sigmoid(score + bias) in (0, 1). Gates exist only for past chunks (j < chunk(t));
+the current chunk is always read in full (g = 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def bucket_representatives(k, w_k, w_v, w_o, chunk: int, pool: int):
+    """k (B,N,H,D) with N a multiple of ``chunk``; w_* (H,D,D). Returns (B,H,nC,C/pool,D)."""
+    if chunk % pool:
+        raise ValueError(f"pool={pool} must divide chunk={chunk}")
+    b, n, h, d = k.shape
+    kb = k.reshape(b, n // chunk, chunk // pool, pool, h, d).movedim(4, 1)   # (B,H,nC,nb,pool,D)
+    pk = torch.einsum("bhcpsd,hde->bhcpse", kb, w_k)
+    pv = torch.einsum("bhcpsd,hde->bhcpse", kb, w_v)
+    attn = torch.softmax(pk @ pk.transpose(-1, -2) / math.sqrt(d), dim=-1)
+    pooled = (attn @ pv).mean(dim=-2)                                        # mean over bucket tokens
+    return torch.einsum("bhcpd,hde->bhcpe", pooled, w_o)
+
+
+def chunk_gates(q_route, reps, chunk: int, bias: float, block: int = 16):
+    """Gates (B,H,nC,C,nC): sigmoid(log-mean-exp_p(q.rep_p / sqrt d) + bias) for past chunks, else 0.
+
+    q_route (B,N,H,D) with N = nC * C; reps (B,H,nC,nb,D). Scores are formed ``block`` query chunks
+    at a time so the (tokens x chunks x buckets) intermediate stays small at long lengths.
+    """
+    b, n, h, d = q_route.shape
+    nc = n // chunk
+    qc = q_route.reshape(b, nc, chunk, h, d).movedim(3, 1)                   # (B,H,nC,C,D)
+    keys = reps.flatten(2, 3)                                                # (B,H,nC*nb,D)
+    nb = reps.shape[3]
+    past = torch.ones(nc, nc, dtype=torch.bool, device=q_route.device).tril(-1)
+    out = []
+    for c0 in range(0, nc, block):
+        qs = qc[:, :, c0:c0 + block]
+        s = torch.einsum("bhcld,bhkd->bhclk", qs, keys) / math.sqrt(d)
+        s = s.unflatten(-1, (nc, nb))
+        score = torch.logsumexp(s, dim=-1) - math.log(nb)                    # log-mean-exp over buckets
+        g = torch.sigmoid(score + bias)
+        out.append(g * past[c0:c0 + block, None, :].to(g.dtype))
+    return torch.cat(out, dim=2)
+
+
+def gate_regularisers(gates, budget_weight=0.005, budget=3.0, support_weight=0.001, support=2.0,
+                      binary_weight=0.001):
+    """The paper's regularisers on past-chunk gates (B,H,nC,C,nC); returns a dict with 'total'.
+
+    budget:  w (relu(sum_j g - budget) / budget)^2        (few chunks read per query)
+    support: w relu(1 / sum_j p_j^2 - support)^2, p = g / sum g   (effective number of chunks read)
+    binary:  w mean g (1 - g)                             (push gates toward 0 or 1)
+    Averaged over query tokens that have at least one past chunk.
+    """
+    nc = gates.shape[2]
+    past = torch.ones(nc, nc, dtype=torch.bool, device=gates.device).tril(-1)[:, None, :]
+    has_past = past.any(-1).expand(nc, gates.shape[3])                       # (nC, C)
+    if not bool(has_past.any()):
+        zero = gates.sum() * 0
+        return {"budget": zero, "support": zero, "binary": zero, "total": zero}
+    total_g = gates.sum(-1)
+    p = gates / total_g.clamp_min(1e-6)[..., None]
+    eff = 1.0 / (p.pow(2).sum(-1)).clamp_min(1e-6)
+    sel = has_past.expand_as(total_g)
+    budget_l = budget_weight * (torch.relu(total_g - budget) / budget).pow(2)[sel].mean()
+    support_l = support_weight * torch.relu(eff - support).pow(2)[sel].mean()
+    binary_l = binary_weight * (gates * (1 - gates))[past.expand_as(gates)].mean()
+    return {"budget": budget_l, "support": support_l, "binary": binary_l,
+            "total": budget_l + support_l + binary_l}
