@@ -1,0 +1,208 @@
+"""Chunked MHLA kernels for long sequences: per-block summaries go through memory.
+
+Forward:  summary_kernel writes, for every (batch, head, block, split), the partial summary
+          S = sum phi(k_s) v_s^T (D x D) and z = sum phi(k_s) (D) as one fp32 row of X = D*D + D;
+          the mixing S~ = Mc @ S is a matmul outside (splits are summed by the same matmul);
+          apply_kernel computes o_t = phi(q_t) S~_i / (phi(q_t).z~_i + eps).
+Backward: with du_t = g_t / den_t and dden_t = -(g_t . o_t) / den_t (normalize=False: du = scale*g),
+          query_grad_kernel: dq~_t = S~_i du_t + z~_i dden_t and partial dS~_i = sum q~_t du_t^T,
+          dz~_i = sum q~_t dden_t;  outside: dS_b = Mc^T dS~, dMc = dS~ . S;
+          key_grad_kernel: dk~_s = dS_b v_s + dz_b, dv_s = dS_b^T k~_s.
+Every kernel tiles the output columns (TILE of the D columns per program) so D up to 256 fits.
+Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
+bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
+"""
+
+import triton
+import triton.language as tl
+
+from .triton_common import feature, feature_grad, split_range
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def summary_kernel(K, V, SZ, order, offsets,
+                   skb, skn, skh, skd, svb, svn, svh, svd,
+                   H, MJ, J, D, X,
+                   BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
+                   FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    bh = tl.program_id(0)
+    ij = tl.program_id(1)
+    tile = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    start, lo, hi = split_range(offsets, ij // J, ij % J, J)
+    d = tl.arange(0, BD)
+    e = tile * TILE + tl.arange(0, TILE)
+    dmask = d < D
+    emask = e < D
+    acc = tl.zeros((BD, TILE), dtype=tl.float32)
+    accz = tl.zeros((BD,), dtype=tl.float32)
+    kbase = K + b.to(tl.int64) * skb + h * skh
+    vbase = V + b.to(tl.int64) * svb + h * svh
+    for t in range(lo, hi, BT):
+        r = t + tl.arange(0, BT)
+        rmask = r < hi
+        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        kmask = rmask[:, None] & dmask[None, :]
+        kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=kmask, other=0.0)
+        kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
+        vt = tl.load(vbase + tok[:, None] * svn + e[None, :] * svd, mask=rmask[:, None] & emask[None, :], other=0.0)
+        if DOT_F32:
+            acc += _dot(tl.trans(kf), vt.to(tl.float32), IEEE)
+        else:
+            acc += tl.dot(tl.trans(kf.to(vt.dtype)), vt)
+        accz += tl.sum(kf, axis=0)
+    out = SZ + (bh.to(tl.int64) * MJ + ij) * X
+    tl.store(out + d[:, None] * D + e[None, :], acc, mask=dmask[:, None] & emask[None, :])
+    if tile == 0:
+        tl.store(out + D * D + d, accz, mask=dmask)
+
+
+@triton.jit
+def apply_kernel(Q, SZM, O, order, offsets,
+                 sqb, sqn, sqh, sqd, sob, son, soh, sod,
+                 H, M, J, D, X, eps, scale,
+                 BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
+                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr):
+    bh = tl.program_id(0)
+    ij = tl.program_id(1)
+    tile = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = ij // J
+    start, lo, hi = split_range(offsets, i, ij % J, J)
+    d = tl.arange(0, BD)
+    e = tile * TILE + tl.arange(0, TILE)
+    dmask = d < D
+    emask = e < D
+    summ = SZM + (bh.to(tl.int64) * M + i) * X
+    S = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
+    z = tl.load(summ + D * D + d, mask=dmask, other=0.0)
+    qbase = Q + b.to(tl.int64) * sqb + h * sqh
+    obase = O + b.to(tl.int64) * sob + h * soh
+    for t in range(lo, hi, BT):
+        r = t + tl.arange(0, BT)
+        rmask = r < hi
+        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        qmask = rmask[:, None] & dmask[None, :]
+        qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=qmask, other=0.0)
+        qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
+        u = _dot(qf, S, IEEE)
+        if NORMALIZE:
+            den = tl.sum(qf * z[None, :], axis=1) + eps
+            u = u / den[:, None]
+        else:
+            u = u * scale
+        tl.store(obase + tok[:, None] * son + e[None, :] * sod, u.to(O.dtype.element_ty),
+                 mask=rmask[:, None] & emask[None, :])
+
+
+@triton.jit
+def query_grad_kernel(Q, G, DELTA, SZM, DQ, DSZ, order, offsets,
+                      sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sdb, sdn, sdh, sdd,
+                      N, H, M, J, D, X, eps, scale,
+                      BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
+                      FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr):
+    bh = tl.program_id(0)
+    ij = tl.program_id(1)
+    tile = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = ij // J
+    start, lo, hi = split_range(offsets, i, ij % J, J)
+    d = tl.arange(0, BD)
+    e = tile * TILE + tl.arange(0, TILE)
+    dmask = d < D
+    emask = e < D
+    summ = SZM + (bh.to(tl.int64) * M + i) * X
+    S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
+    z = tl.load(summ + D * D + d, mask=dmask, other=0.0)
+    z_e = tl.load(summ + D * D + e, mask=emask, other=0.0)
+    accS = tl.zeros((BD, TILE), dtype=tl.float32)
+    accz = tl.zeros((BD,), dtype=tl.float32)
+    qbase = Q + b.to(tl.int64) * sqb + h * sqh
+    gbase = G + b.to(tl.int64) * sgb + h * sgh
+    dbase = DQ + b.to(tl.int64) * sdb + h * sdh
+    for t in range(lo, hi, BT):
+        r = t + tl.arange(0, BT)
+        rmask = r < hi
+        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        fmask = rmask[:, None] & dmask[None, :]
+        tmask = rmask[:, None] & emask[None, :]
+        qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=fmask, other=0.0)
+        qf = tl.where(fmask, feature(qt.to(tl.float32), FEATURE), 0.0)
+        g = tl.load(gbase + tok[:, None] * sgn + d[None, :] * sgd, mask=fmask, other=0.0).to(tl.float32)
+        g_e = tl.load(gbase + tok[:, None] * sgn + e[None, :] * sgd, mask=tmask, other=0.0).to(tl.float32)
+        if NORMALIZE:
+            den = tl.sum(qf * z[None, :], axis=1) + eps
+            delta = tl.load(DELTA + (b.to(tl.int64) * N + tok) * H + h, mask=rmask, other=0.0)
+            dden = -delta / den
+            du = g / den[:, None]
+            du_e = g_e / den[:, None]
+        else:
+            du = g * scale
+            du_e = g_e * scale
+        dq = _dot(du, tl.trans(S_rows), IEEE)
+        if NORMALIZE:
+            dq += dden[:, None] * z_e[None, :]
+        q_e = tl.load(qbase + tok[:, None] * sqn + e[None, :] * sqd, mask=tmask, other=0.0).to(tl.float32)
+        dq = dq * feature_grad(q_e, FEATURE)
+        tl.store(dbase + tok[:, None] * sdn + e[None, :] * sdd, dq.to(DQ.dtype.element_ty), mask=tmask)
+        accS += _dot(tl.trans(qf), du_e, IEEE)
+        if NORMALIZE:
+            accz += tl.sum(qf * dden[:, None], axis=0)
+    out = DSZ + (bh.to(tl.int64) * M * J + ij) * X
+    tl.store(out + d[:, None] * D + e[None, :], accS, mask=dmask[:, None] & emask[None, :])
+    if tile == 0:
+        tl.store(out + D * D + d, accz, mask=dmask)
+
+
+@triton.jit
+def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets,
+                    skb, skn, skh, skd, svb, svn, svh, svd,
+                    sdkb, sdkn, sdkh, sdkd, sdvb, sdvn, sdvh, sdvd,
+                    H, M, J, D, X,
+                    BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
+                    FEATURE: tl.constexpr, IEEE: tl.constexpr):
+    bh = tl.program_id(0)
+    ij = tl.program_id(1)
+    tile = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = ij // J
+    start, lo, hi = split_range(offsets, i, ij % J, J)
+    d = tl.arange(0, BD)
+    e = tile * TILE + tl.arange(0, TILE)
+    dmask = d < D
+    emask = e < D
+    summ = DSZ + (bh.to(tl.int64) * M + i) * X
+    dS_cols = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
+    dS_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
+    dz_e = tl.load(summ + D * D + e, mask=emask, other=0.0)
+    kbase = K + b.to(tl.int64) * skb + h * skh
+    vbase = V + b.to(tl.int64) * svb + h * svh
+    dkbase = DK + b.to(tl.int64) * sdkb + h * sdkh
+    dvbase = DV + b.to(tl.int64) * sdvb + h * sdvh
+    for t in range(lo, hi, BT):
+        r = t + tl.arange(0, BT)
+        rmask = r < hi
+        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        fmask = rmask[:, None] & dmask[None, :]
+        tmask = rmask[:, None] & emask[None, :]
+        kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=fmask, other=0.0)
+        kf = tl.where(fmask, feature(kt.to(tl.float32), FEATURE), 0.0)
+        vt = tl.load(vbase + tok[:, None] * svn + d[None, :] * svd, mask=fmask, other=0.0).to(tl.float32)
+        dv = _dot(kf, dS_cols, IEEE)
+        tl.store(dvbase + tok[:, None] * sdvn + e[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=tmask)
+        dk = _dot(vt, tl.trans(dS_rows), IEEE) + dz_e[None, :]
+        k_e = tl.load(kbase + tok[:, None] * skn + e[None, :] * skd, mask=tmask, other=0.0).to(tl.float32)
+        dk = dk * feature_grad(k_e, FEATURE)
+        tl.store(dkbase + tok[:, None] * sdkn + e[None, :] * sdkd, dk.to(DK.dtype.element_ty), mask=tmask)

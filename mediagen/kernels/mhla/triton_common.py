@@ -1,0 +1,45 @@
+"""Pieces shared by the MHLA Triton kernels: the feature map and its derivative, and the token
+range a program owns.
+
+Programs are laid out as (batch*head, block*splits, column tile). Tokens of block i sit at
+order[offsets[i]:offsets[i+1]] (row-major token ids sorted by block, see layout.py); split j of J
+owns a contiguous slice of that list. Kernels read q, k, v rows in place through those ids.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def feature(x, FEATURE: tl.constexpr):
+    """phi(x): 0 = identity, 1 = ReLU, 2 = ELU + 1."""
+    if FEATURE == 1:
+        y = tl.maximum(x, 0.0)
+    elif FEATURE == 2:
+        y = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def feature_grad(x, FEATURE: tl.constexpr):
+    """phi'(x) for the maps above."""
+    if FEATURE == 1:
+        y = tl.where(x > 0, 1.0, 0.0)
+    elif FEATURE == 2:
+        y = tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+    else:
+        y = tl.full(x.shape, 1.0, tl.float32)
+    return y
+
+
+@triton.jit
+def split_range(offsets_ptr, i, j, J):
+    """(start of block i in the sorted token list, first and end local index of split j)."""
+    start = tl.load(offsets_ptr + i)
+    n = tl.load(offsets_ptr + i + 1) - start
+    chunk = tl.cdiv(n, J)
+    lo = j * chunk
+    hi = tl.minimum(n, lo + chunk)
+    return start, lo, hi

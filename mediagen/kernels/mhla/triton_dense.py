@@ -1,0 +1,68 @@
+"""Dense MHLA forward for short sequences: nothing D x D goes to memory.
+
+For a tile of queries the kernel walks all keys like flash attention, without the softmax:
+    p_ts = Mc[i(t), i(s)] * phi(q_t).phi(k_s),   o_t = sum_s p_ts v_s / (sum_s p_ts + eps).
+This is the dense form of MHLA (DESIGN.md) and costs O(N^2 D), which beats writing, mixing and
+re-reading M per-block D x D summaries when N is small (DiT at 256 px: N = 256, M = 16, d = 72,
+where the summaries outweigh q, k and v together). Tokens stay in their grid order; each token's
+block id comes from a small int32 table.
+"""
+
+import triton
+import triton.language as tl
+
+from .triton_common import feature
+
+
+@triton.jit
+def dense_forward_kernel(Q, K, V, MIX, BLK, O,
+                         sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
+                         N, H, D, M, mix_head_stride, eps, scale,
+                         BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                         FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
+                         IEEE: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(1) * BT + tl.arange(0, BT)
+    rmask = rows < N
+    d = tl.arange(0, BD)
+    dmask = d < D
+    qmask = rmask[:, None] & dmask[None, :]
+    qt = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + rows[:, None].to(tl.int64) * sqn + d[None, :] * sqd,
+                 mask=qmask, other=0.0)
+    qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
+    if not DOT_F32:
+        qf = qf.to(qt.dtype)
+    bq = tl.load(BLK + rows, mask=rmask, other=0)
+    mix_row = MIX + h * mix_head_stride + bq * M
+    acc = tl.zeros((BT, BD), dtype=tl.float32)
+    den = tl.zeros((BT,), dtype=tl.float32)
+    kbase = K + b.to(tl.int64) * skb + h * skh
+    vbase = V + b.to(tl.int64) * svb + h * svh
+    for s0 in range(0, N, BS):
+        cols = s0 + tl.arange(0, BS)
+        cmask = cols < N
+        kmask = cmask[:, None] & dmask[None, :]
+        kt = tl.load(kbase + cols[:, None].to(tl.int64) * skn + d[None, :] * skd, mask=kmask, other=0.0)
+        kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
+        vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd, mask=kmask, other=0.0)
+        bk = tl.load(BLK + cols, mask=cmask, other=0)
+        w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
+        if DOT_F32:
+            if IEEE:
+                p = tl.dot(qf, tl.trans(kf), input_precision="ieee") * w
+                acc += tl.dot(p, vt.to(tl.float32), input_precision="ieee")
+            else:
+                p = tl.dot(qf, tl.trans(kf)) * w
+                acc += tl.dot(p, vt.to(tl.float32))
+        else:
+            p = tl.dot(qf, tl.trans(kf.to(vt.dtype))) * w
+            acc += tl.dot(p.to(vt.dtype), vt)
+        den += tl.sum(p, axis=1)
+    if NORMALIZE:
+        out = acc / (den + eps)[:, None]
+    else:
+        out = acc * scale
+    tl.store(O + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son + d[None, :] * sod,
+             out.to(O.dtype.element_ty), mask=qmask)
