@@ -30,7 +30,7 @@ def sweep(shapes):
         mix = locality_mix(s.blocks).cuda()
         algos = ("chunked", "dense") if N <= 16384 else ("chunked",)
         for algo in algos:
-            for tile, bt, warps in [(64, 64, 4), (64, 64, 8), (128, 64, 8), (64, 32, 4), (128, 32, 4), (32, 64, 4)]:
+            for tile, bt, warps in [(64, 64, 4), (128, 64, 8), (64, 32, 4), (128, 32, 8)]:
                 if tile > max(16, 1 << (D - 1).bit_length()):
                     continue
                 os.environ.update(MEDIAGEN_MHLA_TILE=str(tile), MEDIAGEN_MHLA_BT=str(bt), MEDIAGEN_MHLA_WARPS=str(warps))
