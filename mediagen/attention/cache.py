@@ -1,0 +1,34 @@
+"""A preallocated, append-only per-layer cache for decoding (key/value tensors or MLRA latents)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class DecodeCache:
+    """Named tensors of shape (B, capacity, ...) filled from the front; ``length`` tokens are valid.
+
+    Preallocating avoids re-copying the whole cache at every step (torch.cat would), which matters
+    at 128K-token contexts.
+    """
+
+    def __init__(self, batch: int, capacity: int, shapes: dict[str, tuple[int, ...]], *, dtype, device):
+        self.capacity = int(capacity)
+        self.length = 0
+        self.buffers = {name: torch.zeros(batch, self.capacity, *shape, dtype=dtype, device=device)
+                        for name, shape in shapes.items()}
+
+    def append(self, **tensors: torch.Tensor) -> None:
+        n = next(iter(tensors.values())).shape[1]
+        if self.length + n > self.capacity:
+            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding {n}")
+        for name, t in tensors.items():
+            self.buffers[name][:, self.length:self.length + n] = t
+        self.length += n
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.buffers[name][:, : self.length]
+
+    def nbytes_per_token(self) -> int:
+        """Bytes one token occupies in this cache (one layer)."""
+        return sum(b[0, 0].numel() * b.element_size() for b in self.buffers.values())

@@ -1,0 +1,122 @@
+"""HLA self-attention: Gated DeltaNet whose history is read through query-dependent gated chunk maps.
+
+Per head (q, k l2-normalised, beta = sigmoid(W_b x), log alpha = -exp(A_log) softplus(W_a x + dt_bias)):
+GDN keeps h_t = alpha_t (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T and reads o_t = h_t^T q_t / sqrt(d).
+HLA summarises each chunk of C tokens as an exact affine map h <- A_c h + b_c and lets every query
+token soften each past chunk with its own gate g in (0, 1): A^ = g A + (1-g) I, b^ = g b (the current
+chunk is read in full). Gates come from pooled bucket representatives of the past chunk's keys
+(see ``mediagen.kernels.hla.router``). With all gates at 1 this is exactly GDN.
+
+The walk over all earlier chunks is O((N/C)^2) small GEMMs. Beyond the paper, ``top_k`` (keep the k
+past chunks with the largest mean gate per query chunk) or ``gate_threshold`` (drop past chunks no
+token of the query chunk gates at >= threshold) skip chunks; a skipped chunk is a chunk with gate 0.
+
+The paper's regularisers (budget, effective support, binary) are left in ``self.aux_losses`` after a
+forward with ``return_aux=True`` (or in training mode); add ``aux_losses['total']`` to the loss.
+The output goes through a per-head RMSNorm and the output projection (no short convolution here).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.hla import bucket_representatives, chunk_gates, fla_available, gate_regularisers, hla_chunked
+from ..kernels.hla.chunk import gated_delta_rule_chunked, pad_to_chunks, select_chunks
+
+
+class HLAttention(nn.Module):
+    """HLA on hidden states (B, N, d); causal by construction (a recurrence)."""
+
+    def __init__(self, hidden: int, heads: int, *, head_dim: int | None = None, chunk: int = 256,
+                 pool: int = 16, gate_bias: float = 2.2, top_k: int | None = None,
+                 gate_threshold: float | None = None, backend: str = "auto", bias: bool = True,
+                 eps: float = 1e-6):
+        super().__init__()
+        if backend not in ("auto", "torch", "fla"):
+            raise ValueError(f"backend={backend!r} is not allowed: use 'auto', 'torch' or 'fla'")
+        if chunk % pool:
+            raise ValueError(f"pool={pool} must divide chunk={chunk}")
+        head_dim = head_dim or hidden // heads
+        self.heads, self.head_dim, self.chunk, self.pool = heads, head_dim, chunk, pool
+        self.gate_bias, self.top_k, self.gate_threshold, self.backend = gate_bias, top_k, gate_threshold, backend
+        inner = heads * head_dim
+        self.q_proj = nn.Linear(hidden, inner, bias=bias)
+        self.k_proj = nn.Linear(hidden, inner, bias=bias)
+        self.v_proj = nn.Linear(hidden, inner, bias=bias)
+        self.beta_proj = nn.Linear(hidden, heads, bias=True)
+        self.decay_proj = nn.Linear(hidden, heads, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(heads))
+        self.A_log = nn.Parameter(torch.empty(heads))
+        # router: per-head query projection and in-bucket attention projections, identity at init
+        eye = torch.eye(head_dim).expand(heads, head_dim, head_dim)
+        self.route_q = nn.Parameter(eye.clone())
+        self.pool_k = nn.Parameter(eye.clone())
+        self.pool_v = nn.Parameter(eye.clone())
+        self.pool_o = nn.Parameter(eye.clone())
+        self.out_norm = nn.RMSNorm(head_dim, eps=eps)
+        self.out_proj = nn.Linear(inner, hidden, bias=bias)
+        self.aux_losses: dict[str, torch.Tensor] = {}
+        self.reset_decay()
+
+    @torch.no_grad()
+    def reset_decay(self, min_dt: float = 1e-3, max_dt: float = 0.1):
+        """Mamba-2 style: per-head step sizes log-uniform in [min_dt, max_dt], A = 1, small weights."""
+        dt = torch.exp(torch.rand(self.heads) * (math.log(max_dt) - math.log(min_dt)) + math.log(min_dt))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))        # inverse softplus
+        self.A_log.zero_()
+        nn.init.normal_(self.decay_proj.weight, std=0.02)
+
+    def _resolve_backend(self, x) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "fla" if x.is_cuda and fla_available() else "torch"
+
+    def gdn_inputs(self, x, attention_mask=None):
+        """q, k (l2-normalised), v (B,N,H,D); log_alpha, beta (B,N,H). Masked tokens become identity
+        steps (beta = 0, alpha = 1, k = v = 0) so they never change the state."""
+        split = lambda t: t.unflatten(-1, (self.heads, self.head_dim))  # noqa: E731
+        q = F.normalize(split(self.q_proj(x)), dim=-1)
+        k = F.normalize(split(self.k_proj(x)), dim=-1)
+        v = split(self.v_proj(x))
+        beta = torch.sigmoid(self.beta_proj(x))
+        log_alpha = -self.A_log.exp() * F.softplus(self.decay_proj(x) + self.dt_bias)
+        if attention_mask is not None:
+            m = attention_mask.to(x.dtype)
+            k, v = k * m[..., None, None], v * m[..., None, None]
+            beta, log_alpha = beta * m[..., None], log_alpha * m[..., None]
+        return q, k, v, log_alpha, beta
+
+    def gates(self, q, k):
+        """Past-chunk gates (B, H, nC, C, nC) for q, k already padded to whole chunks."""
+        q_route = torch.einsum("bnhd,hde->bnhe", q, self.route_q)
+        reps = bucket_representatives(k, self.pool_k, self.pool_v, self.pool_o, self.chunk, self.pool)
+        return chunk_gates(q_route, reps, self.chunk, self.gate_bias)
+
+    def forward(self, x, attention_mask=None, return_aux: bool | None = None, gates_override=None):
+        """x (B, N, d) -> (B, N, d). ``gates_override`` (B,H,nC,C,nC) replaces the learned gates
+        (tests use it to check that gates of 1 give GDN)."""
+        q, k, v, log_alpha, beta = self.gdn_inputs(x, attention_mask)
+        backend = self._resolve_backend(x)
+        n = x.shape[1]
+        qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, self.chunk)
+        gates = self.gates(qp, kp) if gates_override is None else gates_override
+        gates = gates.to(q.dtype)
+        keep = None
+        if self.top_k is not None or self.gate_threshold is not None:
+            keep = select_chunks(gates, top_k=self.top_k, threshold=self.gate_threshold)
+        o = hla_chunked(qp, kp, vp, lap, bp, gates, chunk=self.chunk, backend=backend, keep=keep)[:, :n]
+        if return_aux or (return_aux is None and self.training):
+            self.aux_losses = gate_regularisers(gates.float())
+        o = self.out_norm(o)
+        return self.out_proj(o.flatten(-2))
+
+    def forward_gdn(self, x, attention_mask=None):
+        """The same layer as plain Gated DeltaNet (no gates), through the chunked GDN path."""
+        q, k, v, log_alpha, beta = self.gdn_inputs(x, attention_mask)
+        o = gated_delta_rule_chunked(q, k, v, log_alpha, beta, chunk=min(self.chunk, 64),
+                                     backend=self._resolve_backend(x))
+        return self.out_proj(self.out_norm(o).flatten(-2))

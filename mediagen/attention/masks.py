@@ -1,0 +1,30 @@
+"""Turning a (B, N) padding mask into what SDPA takes, for causal or bidirectional attention."""
+
+from __future__ import annotations
+
+import torch
+
+
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row is ones then zeros (real tokens first, padding last)."""
+    m = attention_mask.to(torch.int8)
+    return bool((m[:, 1:] <= m[:, :-1]).all())
+
+
+def sdpa_mask(attention_mask: torch.Tensor | None, n: int, causal: bool, device):
+    """Returns (attn_mask, is_causal) for F.scaled_dot_product_attention with (B, H, N, N) scores.
+
+    Causal with right padding needs no mask at all: padding comes after every real token, so no real
+    query can see it. Otherwise keys are masked, and each query may always see itself so that a row
+    is never fully masked (a padded query then attends only to itself; its output is discarded).
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None, causal
+    if causal and is_right_padded(attention_mask):
+        return None, True
+    allowed = attention_mask.bool()[:, None, None, :].expand(-1, 1, n, n)
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    allowed = allowed | eye
+    if causal:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return allowed, False
