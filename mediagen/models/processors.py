@@ -1,0 +1,180 @@
+"""Diffusers attention processors that run a self-attention layer as MHLA (or global linear attention).
+
+A processor here is an ``nn.Module``, so diffusers registers it as a submodule of its attention
+layer and its parameters (Mc, and the optional norm, gate and CPE weights) are saved with the
+model. The projections, q/k norms and output projection stay those of the pretrained layer. The
+latent grid comes from the transformer's pre-hook (``latent_grid.LatentGrids``), looked up by the
+sequence length.
+
+Per layer, with q, k, v (B, N, H, D) from the layer's own projections:
+
+    o = MHLA(q, k, v; Mc, grid, blocks)                               (kernels.mhla)
+    o = RMSNorm(o)                             if out_norm             (over all heads)
+    o = o * SiLU(W_g x + b_g)                  if out_gate
+    o = o + DWConv(v over the grid)            if cpe_kernel
+    out = to_out(o)
+
+With rope="features" (Wan only) the numerator uses rotated features and the denominator does not,
+as the official Wan MHLA code does:
+    o_t = R(phi(q_t))^T S~^R_i(t) / (phi(q_t)^T z~_i(t) + eps),   S^R_b = sum_{s in b} R(phi(k_s)) v_s^T
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import LinearAttention, MHLAttention
+from ..kernels import mhla, token_block_ids
+from ..kernels.mhla.checks import feature
+from .attention_spec import AttentionSpec
+
+_CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+
+
+def apply_wan_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's rotary embedding on (B, N, H, D): channel pairs (2i, 2i+1) rotate by angle i."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).type_as(x)
+
+
+class GridSelfAttnProcessor(nn.Module):
+    """MHLA / linear self-attention processor; subclasses say how q, k, v are projected."""
+
+    def __init__(self, kind: str, spec: AttentionSpec, *, heads: int, head_dim: int, query_dim: int,
+                 ndim: int, grids):
+        super().__init__()
+        if kind not in ("mhla", "linear"):
+            raise ValueError(f"kind={kind!r} is not allowed: use 'mhla' or 'linear'")
+        self.kind = kind
+        self.ndim = ndim
+        inner = heads * head_dim
+        opts = dict(feature_map=spec.feature_map, normalize=spec.normalize, eps=spec.eps, scale=spec.scale)
+        if kind == "mhla":
+            if len(spec.blocks) != ndim:
+                raise ValueError(f"blocks={spec.blocks} has {len(spec.blocks)} axes but this model's latent grid "
+                                 f"has {ndim}")
+            self.core = MHLAttention(spec.blocks, heads=heads if spec.per_head_mix else None, **opts)
+        else:
+            self.core = LinearAttention(ndim, **opts)
+        self.rope_features = spec.rope == "features"
+        self.out_norm = nn.RMSNorm(inner, eps=1e-6) if spec.out_norm else None
+        self.out_gate = nn.Linear(query_dim, inner) if spec.out_gate else None
+        self.cpe = None
+        if spec.cpe_kernel:
+            k = spec.cpe_kernel
+            self.cpe = _CONVS[ndim](inner, inner, k, padding=k // 2, groups=inner)
+            nn.init.zeros_(self.cpe.weight)
+            nn.init.zeros_(self.cpe.bias)
+        self.grids = grids  # shared LatentGrids (plain object, not a submodule)
+        self._ids_cache: dict = {}
+
+    # --- family-specific parts -------------------------------------------------------------
+    def project_qkv(self, attn, x):  # -> q, k, v (B, N, H, D)
+        raise NotImplementedError
+
+    def project_out(self, attn, o, residual):
+        raise NotImplementedError
+
+    # --- shared -----------------------------------------------------------------------------
+    def _blocks(self, grid):
+        return (self.core.blocks, grid) if self.kind == "mhla" else ((1,), (math.prod(grid),))
+
+    def _block_ids(self, grid, blocks, device):
+        key = (grid, blocks, str(device))
+        ids = self._ids_cache.get(key)
+        if ids is None:
+            ids = self._ids_cache[key] = token_block_ids(grid, blocks, device)
+        return ids
+
+    def _attend_rope_features(self, q, k, v, mix, grid, blocks, rotary_emb):
+        acc = torch.float32 if q.dtype != torch.float64 else q.dtype
+        fm = self.core.feature_map
+        qf, kf = feature(q.to(acc), fm), feature(k.to(acc), fm)
+        cos, sin = rotary_emb
+        qr, kr = apply_wan_rotary(qf, cos, sin).to(q.dtype), apply_wan_rotary(kf, cos, sin).to(q.dtype)
+        num = mhla(qr, kr, v, mix.to(q.device), grid, blocks, normalize=False, feature_map=None)
+        if not self.core.normalize:
+            return num * (1.0 if self.core.scale is None else self.core.scale)
+        # un-rotated denominator: phi(q_t) . sum_b m_{i(t) b} z_b
+        ids = self._block_ids(grid, blocks, q.device)
+        B, N, H, D = q.shape
+        z = kf.new_zeros(B, math.prod(blocks), H, D).index_add_(1, ids, kf)
+        m = mix.to(acc)
+        z_mixed = torch.einsum("ij,bjhd->bihd" if m.dim() == 2 else "hij,bjhd->bihd", m, z)
+        den = (qf * z_mixed[:, ids]).sum(-1, keepdim=True) + self.core.eps
+        return (num.to(acc) / den).to(q.dtype)
+
+    def _cpe(self, v, grid):
+        B, N = v.shape[:2]
+        x = v.reshape(B, *grid, -1).movedim(-1, 1)  # (B, inner, *grid)
+        return self.cpe(x).movedim(1, -1).reshape(B, N, -1)
+
+    def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                rotary_emb=None, *args, **kwargs):
+        if encoder_hidden_states is not None:
+            raise ValueError(f"{type(self).__name__} serves self-attention only; got encoder_hidden_states")
+        if attention_mask is not None:
+            raise ValueError(f"{type(self).__name__} ({self.kind}) does not take an attention_mask")
+        if hidden_states.dim() != 3:
+            raise ValueError(f"hidden_states must be (B, N, C); got shape {tuple(hidden_states.shape)}")
+        residual = hidden_states
+        q, k, v = self.project_qkv(attn, hidden_states)
+        grid = tuple(self.grids.lookup(q.shape[1]))
+        if self.rope_features and rotary_emb is not None:
+            blocks, g = self._blocks(grid)
+            o = self._attend_rope_features(q, k, v, self.core.mix, g, blocks, rotary_emb)
+        else:
+            o = self.core(q, k, v, grid)
+        o = o.flatten(2)
+        if self.out_norm is not None:
+            o = self.out_norm(o)
+        if self.out_gate is not None:
+            o = o * F.silu(self.out_gate(hidden_states))
+        if self.cpe is not None:
+            o = o + self._cpe(v.flatten(2), grid)
+        return self.project_out(attn, o.type_as(q), residual)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, rope_features={self.rope_features}"
+
+
+class WanMHLAProcessor(GridSelfAttnProcessor):
+    """For ``WanAttention`` self-attention (``attn1``): q/k RMSNorm across all heads, RoPE per Wan."""
+
+    def project_qkv(self, attn, x):
+        if getattr(attn, "fused_projections", False):
+            q, k, v = attn.to_qkv(x).chunk(3, dim=-1)
+        else:
+            q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        return tuple(t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
+
+    def project_out(self, attn, o, residual):
+        return attn.to_out[1](attn.to_out[0](o))
+
+
+class DiTMHLAProcessor(GridSelfAttnProcessor):
+    """For diffusers' ``Attention`` (DiT's ``attn1``): optional per-head q/k norms."""
+
+    def project_qkv(self, attn, x):
+        if attn.spatial_norm is not None or attn.group_norm is not None:
+            raise ValueError("DiTMHLAProcessor does not support spatial_norm or group_norm attention layers")
+        B, N, _ = x.shape
+        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        q, k, v = (t.view(B, N, attn.heads, -1) for t in (q, k, v))
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        return q, k, v
+
+    def project_out(self, attn, o, residual):
+        o = attn.to_out[1](attn.to_out[0](o))
+        if attn.residual_connection:
+            o = o + residual
+        return o / attn.rescale_output_factor
