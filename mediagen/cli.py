@@ -10,6 +10,9 @@ import sys
 # subcommand name -> module that registers it
 COMMANDS = {
     "bench": "mediagen.eval.bench_cli",
+    "fid": "mediagen.eval.fid_cli",
+    "vbench": "mediagen.eval.vbench_cli",
+    "generate": "mediagen.pipelines.generate_cli",
 }
 
 

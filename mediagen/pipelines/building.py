@@ -21,6 +21,7 @@ from .class_image import ClassConditionalImagePipeline
 from .schedulers import make_scheduler
 from .text_image import TextToImagePipeline
 from .text_video import TextToVideoPipeline
+from .vae_utils import vae_factors
 
 PIPELINES = {c.__name__: c for c in (ClassConditionalImagePipeline, TextToVideoPipeline, TextToImagePipeline)}
 
@@ -72,3 +73,13 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
     if dtype != torch.float32:
         pipe.to(dtype=dtype)
     return pipe
+
+
+def token_grid(pipe, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
+    """The transformer's token grid for an output of this size (checks the size first)."""
+    if isinstance(pipe, TextToVideoPipeline):
+        f, h, w = pipe.check_size(height, width, num_frames or 1)
+        p_t, p_h, p_w = pipe.transformer.config.patch_size
+        return (f // p_t, h // p_h, w // p_w)
+    s = vae_factors(pipe.vae)[1] * pipe.transformer.config.patch_size
+    return (height // s, width // s)

@@ -1,0 +1,112 @@
+"""``mediagen generate``: one image or video from a preset (random weights) or a saved folder.
+
+    mediagen generate --model dit-s-mnist --class-label 3 --steps 20 --out digit.png
+    mediagen generate --model wan-mmnist --prompt "digit 7 moving left" --attention mhla --out clip.mp4
+    mediagen generate --model ckpt/ --task text-to-image --prompt "a seven" --out seven.png
+
+Prints the path of every file written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TASKS = ("class-to-image", "text-to-image", "text-to-video")
+ATTENTIONS = ("sdpa", "linear", "mhla", "wan-mhla-h")
+SCHEDULERS = ("flow-euler", "flow-unipc", "ddim", "dpm-solver")  # as in pipelines.schedulers
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace("x", ",").split(",") if x]
+    except ValueError:
+        raise ValueError(f"--blocks {text!r} is not allowed: give ints such as 4,4 or 3,5,8") from None
+
+
+def register(sub):
+    p = sub.add_parser("generate", help="generate an image or a video (PNG / MP4 / GIF) and print its path")
+    p.add_argument("--model", default="dit-s-mnist", help="a preset name (random weights) or a saved folder")
+    p.add_argument("--task", choices=TASKS, default=None, help="default: what the model is for")
+    p.add_argument("--prompt", default=None, help="text prompt (text-to-image / text-to-video)")
+    p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--class-label", type=int, action="append", default=None,
+                   help="class index (class-to-image); repeat for several images")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance", type=float, default=4.0)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--attention", choices=ATTENTIONS, default=None,
+                   help="convert the self-attention first (default: as saved; presets: sdpa)")
+    p.add_argument("--blocks", default=None, help="MHLA blocks per grid axis, e.g. 4,4 or 3,5,8 (default: auto)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: flow-euler (or as saved)")
+    p.add_argument("--shift", type=float, default=3.0, help="flow-matching time shift")
+    p.add_argument("--out", default=None, help="output file (.png, .mp4 or .gif); default outputs/<task>-<seed>.*")
+    p.add_argument("--fps", type=int, default=8)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
+    p.set_defaults(func=run)
+
+
+def _sizes(args, pipe, model_preset):
+    from .text_video import TextToVideoPipeline
+
+    if not isinstance(pipe, TextToVideoPipeline):
+        side = pipe.default_size()
+        return args.height or side, args.width or side, None
+    height = args.height or (model_preset or {}).get("height", 64)
+    width = args.width or (model_preset or {}).get("width", 64)
+    frames = args.frames or (model_preset or {}).get("frames", 16)
+    return height, width, frames
+
+
+def run(args) -> int:
+    from ..models.convert import convert
+    from ..models.presets import PRESETS
+    from .building import build_pipeline, task_of, token_grid
+    from .export import save_media
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    pipe = build_pipeline(args.model, task=args.task, scheduler=args.scheduler, shift=args.shift, seed=args.seed,
+                          device=device, dtype=dtype)
+    task = args.task or task_of(pipe.transformer)
+    if (task == "class-to-image") != (task_of(pipe.transformer) == "class-to-image"):
+        raise ValueError(f"--task {task} does not fit model {args.model!r} (a {task_of(pipe.transformer)} model)")
+    preset = PRESETS.get(args.model)
+    height, width, frames = _sizes(args, pipe, preset)
+    if task == "text-to-image":
+        frames = 1
+    if args.attention is None and preset is not None:
+        args.attention = "sdpa"
+    if args.attention is not None:
+        grid = token_grid(pipe, height, width, frames)
+        blocks = _ints(args.blocks) if args.blocks else None
+        convert(pipe, args.attention, blocks=blocks, grid=grid)
+        pipe.to(device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    common = dict(num_inference_steps=args.steps, guidance_scale=args.guidance, height=height, width=width,
+                  generator=generator, output_type="np")
+    if task == "class-to-image":
+        if args.prompt is not None:
+            raise ValueError("--prompt is for text models; this one takes --class-label")
+        result = pipe(class_labels=args.class_label or [0], **common).images
+    else:
+        if args.class_label is not None:
+            raise ValueError("--class-label is for class-conditional models; this one takes --prompt")
+        prompt = args.prompt if args.prompt is not None else ""
+        if task == "text-to-image":
+            result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, **common).images
+        else:
+            result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, num_frames=frames, **common).frames
+    suffix = ".mp4" if task == "text-to-video" else ".png"
+    out = Path(args.out) if args.out else Path("outputs") / f"{task}-{args.seed}{suffix}"
+    for path in save_media(result, out, fps=args.fps):
+        print(path)
+    return 0
