@@ -1,0 +1,89 @@
+"""Attention rank and entropy: dense matrices of softmax, linear and MHLA layers."""
+
+import math
+
+import pytest
+import torch
+
+from mediagen.attention import LinearAttention, MHLAttention, SDPAttention
+from mediagen.eval.attention_maps import (AttentionRecorder, attention_entropy, attention_matrix, attention_rank,
+                                          attention_stats, linear_attention_matrix, mhla_attention_matrix,
+                                          softmax_attention_matrix)
+from mediagen.kernels import mhla_reference
+
+
+def _qkv(n, d, heads=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, n, heads, d, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def test_softmax_random_full_rank():
+    q, k, _ = _qkv(64, 64)
+    A = softmax_attention_matrix(q, k)
+    assert torch.allclose(A.sum(-1), torch.ones(1, 2, 64, dtype=torch.float64))
+    assert attention_rank(A).tolist() == [[64, 64]]
+
+
+def test_linear_rank_at_most_head_dim():
+    n, d = 64, 8
+    q, k, v = _qkv(n, d)
+    A = linear_attention_matrix(q, k, "elu1")
+    ranks = attention_rank(A)
+    assert (ranks <= d).all() and (ranks >= d - 1).all(), ranks
+    # the dense matrix is the layer: A @ v equals global linear attention (MHLA with one block)
+    want = mhla_reference(q, k, v, torch.ones(1, 1, dtype=torch.float64), (n,), (1,), feature_map="elu1")
+    assert torch.allclose((A @ v.transpose(1, 2)).transpose(1, 2), want, atol=1e-9)
+    layer = LinearAttention(feature_map="elu1")
+    assert torch.allclose(attention_matrix(layer, q, k), A)
+
+
+def test_mhla_matrix_is_the_layer_and_rank_between_d_and_md():
+    grid, blocks, d = (8, 8), (2, 2), 4
+    q, k, v = _qkv(64, d, seed=1)
+    layer = MHLAttention(blocks).double()
+    A = attention_matrix(layer, q, k, grid)
+    want = mhla_reference(q, k, v, layer.mix.detach(), grid, blocks, feature_map="relu")
+    assert torch.allclose((A @ v.transpose(1, 2)).transpose(1, 2), want, atol=1e-9)
+    ranks = attention_rank(A, rtol=1e-10)
+    assert (ranks > d).all() and (ranks <= 4 * d).all(), ranks
+    # softmax > MHLA > linear on the same q, k, as the paper's ordering
+    lin = attention_rank(linear_attention_matrix(q, k, "relu"), rtol=1e-10)
+    soft = attention_rank(softmax_attention_matrix(q, k), rtol=1e-10)
+    assert (lin < ranks).all() and (ranks < soft).all()
+
+
+def test_entropy_uniform_and_one_hot():
+    n = 16
+    uniform = torch.full((1, 1, n, n), 1.0 / n)
+    assert attention_entropy(uniform).item() == pytest.approx(math.log(n))
+    assert attention_entropy(torch.eye(n)[None, None]).item() == pytest.approx(0.0, abs=1e-12)
+    q, k, _ = _qkv(32, 8)
+    s = attention_stats(softmax_attention_matrix(q, k))
+    assert 0 < s["entropy_mean"] < math.log(32) and s["tokens"] == 32
+
+
+def test_per_head_mix_and_bad_grid():
+    q, k, _ = _qkv(16, 4, heads=3)
+    mix = torch.rand(3, 4, 4, dtype=torch.float64)
+    A = mhla_attention_matrix(q, k, mix, (4, 4), (2, 2))
+    assert A.shape == (1, 3, 16, 16)
+    with pytest.raises(ValueError, match="grid"):
+        mhla_attention_matrix(q, k, mix, (4, 5), (2, 2))
+
+
+def test_recorder_collects_layers_of_a_model():
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.soft, self.mhla = SDPAttention(), MHLAttention((2, 2))
+
+        def forward(self, q, k, v, grid):
+            return self.mhla(self.soft(q, k, v, grid), k, v, grid)
+
+    model = Tiny()
+    q, k, v = (t.float() for t in _qkv(16, 16))
+    with AttentionRecorder(model) as rec:
+        model(q, k, v, (4, 4))
+    stats = rec.stats()
+    assert set(stats) == {"soft", "mhla"}
+    assert stats["soft"]["rank_mean"] == 16
