@@ -1,0 +1,214 @@
+"""mediagen.convert on tiny random Wan and DiT transformers: exactness, hybrids, round-trips, errors."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from mhla_oracle import mhla_dense
+from models_fixtures import (capture_attn1, dit_inputs, dit_qkv, tiny_dit, tiny_wan, wan_inputs, wan_qkv)
+
+import mediagen
+from mediagen.kernels import mhla_reference
+from mediagen.models import MHLADiTTransformer2DModel, MHLAWanTransformer3DModel, auto_blocks, load_transformer
+from mediagen.models.processors import WanMHLAProcessor, apply_wan_rotary
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("family", ["wan", "dit"])
+def test_sdpa_conversion_is_exact(family):
+    model, inputs = (tiny_wan(), wan_inputs()) if family == "wan" else (tiny_dit(), dit_inputs())
+    before = run(model, inputs)
+    mediagen.convert(model, "sdpa")
+    assert type(model).__name__.startswith("MHLA")
+    assert torch.equal(run(model, inputs), before)
+    # and back from mhla to sdpa
+    mediagen.convert(model, "mhla", blocks=[1, 2, 2] if family == "wan" else [2, 2])
+    assert not torch.equal(run(model, inputs), before)
+    mediagen.convert(model, "sdpa")
+    assert torch.equal(run(model, inputs), before)
+
+
+def _check_layers_match_reference(model, inputs, qkv_fn, grid, blocks, blocks_attr):
+    records, handles = capture_attn1(model, blocks_attr)
+    run(model, inputs)
+    for h in handles:
+        h.remove()
+    assert len(records) == len(getattr(model, blocks_attr))
+    for attn, x, out, _ in records:
+        q, k, v = qkv_fn(attn, x)
+        o = mhla_reference(q, k, v, attn.processor.core.mix, grid, blocks, feature_map="relu")
+        expected = attn.to_out[0](o.flatten(2))
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_wan_mhla_layers_equal_reference_on_their_qkv():
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[2, 2, 3])
+    with torch.no_grad():  # a non-uniform Mc, so a wrong block layout would show
+        for attn in (b.attn1 for b in model.blocks):
+            attn.processor.core.mix.uniform_(0, 1)
+    _check_layers_match_reference(model, wan_inputs(frames=3, height=8, width=12), wan_qkv, (3, 4, 6),
+                                  (2, 2, 3), "blocks")
+
+
+def test_dit_mhla_layers_equal_reference_on_their_qkv():
+    model = mediagen.convert(tiny_dit(), "mhla", blocks=[2, 3])
+    with torch.no_grad():
+        for attn in (b.attn1 for b in model.transformer_blocks):
+            attn.processor.core.mix.uniform_(0, 1)
+    _check_layers_match_reference(model, dit_inputs(), dit_qkv, (4, 4), (2, 3), "transformer_blocks")
+
+
+def test_rope_features_match_dense_oracle():
+    """rope='features': numerator on rotated features, denominator un-rotated (official Wan code)."""
+    model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[1, 2, 2], rope="features")
+    records, _ = capture_attn1(model, "blocks")
+    run(model, wan_inputs(frames=3, height=8, width=8))
+    attn, x, out, (cos, sin) = records[0]
+    q, k, v = (t.double() for t in wan_qkv(attn, x))
+    qf, kf = q.relu(), k.relu()
+    qr, kr = apply_wan_rotary(qf, cos.double(), sin.double()), apply_wan_rotary(kf, cos.double(), sin.double())
+    mix = attn.processor.core.mix
+    num = mhla_dense(qr, kr, v, mix, (3, 4, 4), (1, 2, 2), normalize=False)
+    den = mhla_dense(qf, kf, torch.ones_like(v), mix, (3, 4, 4), (1, 2, 2), normalize=False)
+    expected = attn.to_out[0]((num / (den + 1e-6)).float().flatten(2))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_grid_follows_batch_and_resolution():
+    model = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2])
+    big = wan_inputs(batch=2, frames=3, height=8, width=12)
+    small = wan_inputs(batch=1, frames=2, height=6, width=8, seed=5)
+    out_big = run(model, big)
+    out_small = run(model, small)
+    one = {k: v[:1] for k, v in big.items()}
+    torch.testing.assert_close(run(model, one), out_big[:1], rtol=1e-5, atol=1e-6)  # CFG-style batching
+    records, _ = capture_attn1(model, "blocks")
+    run(model, small)
+    attn, x, out, _ = records[0]
+    q, k, v = wan_qkv(attn, x)
+    expected = attn.to_out[0](mhla_reference(q, k, v, attn.processor.core.mix, (2, 3, 4), (1, 2, 2),
+                                             feature_map="relu").flatten(2))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert out_small.shape == small["hidden_states"].shape
+
+
+def test_gradient_checkpointing_recompute_uses_its_own_grid():
+    """Backward of a call at one resolution, after a forward at another, recomputes with the right grid."""
+    grads = []
+    for checkpointing in (False, True):
+        model = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2]).train()
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        a = wan_inputs(batch=1, frames=3, height=8, width=12)
+        b = wan_inputs(batch=1, frames=2, height=6, width=8, seed=3)
+        loss_a = model(**a).sample.square().mean()
+        loss_b = model(**b).sample.square().mean()
+        loss_a.backward()
+        loss_b.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_save_load_round_trip_with_every_option(tmp_path):
+    model = mediagen.convert(tiny_wan(num_layers=3), ["mhla", "sdpa", "linear"], blocks=[1, 2, 2], out_norm=True,
+                             out_gate=True, cpe_kernel=3, rope="features", per_head_mix=True, grid=(3, 4, 6))
+    with torch.no_grad():  # move the new weights off their init so loading has to restore them
+        for name, p in model.named_parameters():
+            if ".processor." in name:
+                p.add_(torch.rand_like(p) * 0.1)
+    inputs = wan_inputs()
+    before = run(model, inputs)
+    model.save_pretrained(tmp_path)
+    for loaded in (load_transformer(tmp_path), MHLAWanTransformer3DModel.from_pretrained(tmp_path)):
+        assert isinstance(loaded, MHLAWanTransformer3DModel)
+        kinds = [type(b.attn1.processor).__name__ for b in loaded.blocks]
+        assert kinds == ["WanMHLAProcessor", "WanAttnProcessor", "WanMHLAProcessor"]
+        assert torch.equal(run(loaded.eval(), inputs), before)
+
+
+def test_dit_round_trip(tmp_path):
+    model = mediagen.convert(tiny_dit(), "wan-mhla-h", cpe_kernel=3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".processor." in name:
+                p.add_(torch.rand_like(p) * 0.1)
+    before = run(model, dit_inputs())
+    model.save_pretrained(tmp_path)
+    loaded = load_transformer(tmp_path).eval()
+    assert isinstance(loaded, MHLADiTTransformer2DModel)
+    assert loaded.config.mediagen_attention["blocks"] == auto_blocks((4, 4))
+    assert torch.equal(run(loaded, dit_inputs()), before)
+
+
+def test_hybrids_convert_exactly_the_layers_asked():
+    def kinds(model):
+        return [getattr(b.attn1.processor, "kind", "sdpa") for b in model.blocks]
+
+    model = mediagen.convert(tiny_wan(num_layers=6), "mhla", layers=[1, 4], blocks=[1, 2, 2])
+    assert kinds(model) == ["sdpa", "mhla", "sdpa", "sdpa", "mhla", "sdpa"]
+    mediagen.convert(model, "wan-mhla-h", blocks=[1, 2, 2])
+    assert kinds(model) == ["sdpa", "mhla", "mhla", "sdpa", "mhla", "mhla"]
+    mediagen.convert(model, ["linear", "sdpa", "mhla", "sdpa", "sdpa", "linear"], blocks=[1, 2, 2])
+    assert kinds(model) == ["linear", "sdpa", "mhla", "sdpa", "sdpa", "linear"]
+    assert all(type(b.attn2.processor).__name__ == "WanAttnProcessor" for b in model.blocks)  # cross-attn stock
+    new = [n for n, _ in model.named_parameters() if ".processor." in n]
+    assert new == ["blocks.0.attn1.processor.core.mix", "blocks.2.attn1.processor.core.mix",
+                   "blocks.5.attn1.processor.core.mix"]
+
+
+def test_convert_a_pipeline_records_the_new_class():
+    from mediagen.pipelines.building import build_pipeline
+
+    pipe = build_pipeline("wan-tiny")
+    mediagen.convert(pipe, "mhla", grid=(3, 4, 4))
+    assert pipe.config.transformer == ("mediagen.models.converted", "MHLAWanTransformer3DModel")
+    assert isinstance(pipe.transformer.blocks[0].attn1.processor, WanMHLAProcessor)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(attention="flash"), ["attention='flash'", "mhla", "sdpa"]),
+    (dict(attention="mhla", layers=[0, 3], blocks=[1, 2, 2]), ["layers", "3", "0 to 2"]),
+    (dict(attention="mhla", blocks=[1, 5, 2], grid=(3, 4, 4)), ["blocks[1]=5", "grid[1]=4"]),
+    (dict(attention="mhla"), ["blocks=None", "grid"]),
+    (dict(attention="mhla", blocks=[2, 2]), ["blocks", "3 counts"]),
+    (dict(attention="mhla", blocks=[1, 2, 2], feature_map="gelu"), ["feature_map='gelu'", "relu"]),
+    (dict(attention="mhla", blocks=[1, 2, 2], rope="post"), ["rope='post'", "features"]),
+    (dict(attention=["mhla", "softmax", "sdpa"], blocks=[1, 2, 2]), ["attention[1]='softmax'"]),
+])
+def test_bad_conversion_input_names_the_parameter(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        mediagen.convert(tiny_wan(), **kwargs)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_blocks_that_do_not_fit_the_runtime_grid():
+    model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[3, 2, 2])
+    with pytest.raises(ValueError, match=r"blocks\[0\]=3 .*grid\[0\]=2"):
+        run(model, wan_inputs(frames=2))
+    with pytest.raises(ValueError, match="width=7 is not a multiple of the patch size 2"):
+        run(model, wan_inputs(width=7))
+    with pytest.raises(ValueError, match="not supported"):
+        mediagen.convert(torch.nn.Linear(2, 2))
+
+
+def test_auto_blocks_respects_m_squared_le_n():
+    for grid in [(21, 30, 50), (16, 16), (14, 14), (3, 4, 4), (5,), (2, 3, 7)]:
+        blocks = auto_blocks(grid)
+        n = torch.tensor(grid).prod().item()
+        m = torch.tensor(blocks).prod().item()
+        assert m * m <= n and all(1 <= b <= g for b, g in zip(blocks, grid))
+    assert auto_blocks((16, 16)) == [4, 4]
+    assert auto_blocks((21, 30, 50)) == [4, 5, 8]
+
+
+def test_import_mediagen_is_light():
+    code = ("import sys, mediagen; assert 'torch' not in sys.modules and 'diffusers' not in sys.modules; "
+            "assert 'convert' in dir(mediagen) or 'convert' in mediagen._EXPORTS; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
