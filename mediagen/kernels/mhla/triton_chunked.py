@@ -106,9 +106,9 @@ def apply_kernel(Q, SZM, O, order, offsets,
 
 
 @triton.jit
-def query_grad_kernel(Q, G, DELTA, SZM, DQ, DSZ, order, offsets,
-                      sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sdb, sdn, sdh, sdd,
-                      N, H, M, J, D, X, eps, scale,
+def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
+                      sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod, sdb, sdn, sdh, sdd,
+                      H, M, J, D, X, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr):
     bh = tl.program_id(0)
@@ -130,6 +130,7 @@ def query_grad_kernel(Q, G, DELTA, SZM, DQ, DSZ, order, offsets,
     accz = tl.zeros((BD,), dtype=tl.float32)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
     gbase = G + b.to(tl.int64) * sgb + h * sgh
+    obase = O + b.to(tl.int64) * sob + h * soh
     dbase = DQ + b.to(tl.int64) * sdb + h * sdh
     for t in range(lo, hi, BT):
         r = t + tl.arange(0, BT)
@@ -143,7 +144,9 @@ def query_grad_kernel(Q, G, DELTA, SZM, DQ, DSZ, order, offsets,
         g_e = tl.load(gbase + tok[:, None] * sgn + e[None, :] * sgd, mask=tmask, other=0.0).to(tl.float32)
         if NORMALIZE:
             den = tl.sum(qf * z[None, :], axis=1) + eps
-            delta = tl.load(DELTA + (b.to(tl.int64) * N + tok) * H + h, mask=rmask, other=0.0)
+            # delta_t = g_t . o_t (as in flash attention's backward), so dden_t = -delta_t / den_t
+            o = tl.load(obase + tok[:, None] * son + d[None, :] * sod, mask=fmask, other=0.0).to(tl.float32)
+            delta = tl.sum(g * o, axis=1)
             dden = -delta / den
             du = g / den[:, None]
             du_e = g_e / den[:, None]

@@ -1,9 +1,12 @@
-"""MHLA on the Triton kernels, registered as torch.library custom ops (``mediagen::mhla_fwd`` and
-``mediagen::mhla_bwd``) with fake implementations and autograd, so torch.compile traces models that
-use them without graph breaks.
+"""MHLA on the Triton kernels.
+
+Two entry points share one implementation (``forward_impl`` / ``backward_impl``):
+- eager: a torch.autograd.Function (``_MHLAFunction``), the lowest per-call overhead;
+- under torch.compile: torch.library custom ops ``mediagen::mhla_fwd`` / ``mediagen::mhla_bwd`` with
+  fake implementations and registered autograd, so compiled models trace through without breaks.
 
 Two forward algorithms (``algorithm``): "chunked" (per-block summaries in memory, mixed by a matmul;
-long sequences) and "dense" (summaries recomputed on chip; short sequences). "auto" picks by a cost
+long sequences) and "dense" (summaries recomputed on chip; short sequences); "auto" picks by a cost
 model. The backward always runs the chunked kernels (for dMc it needs the block summaries).
 """
 
@@ -36,16 +39,15 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
+@torch.compiler.assume_constant_result
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _config(D: int):
     """Block sizes: BD covers the head dim, TILE columns per program, BT tokens per step."""
     BD = max(16, triton.next_power_of_2(D))
-    TILE = min(BD, int(os.environ.get("MEDIAGEN_MHLA_TILE", 64)))
+    TILE = min(BD, int(os.environ.get("MEDIAGEN_MHLA_TILE", 128)))
     BT = int(os.environ.get("MEDIAGEN_MHLA_BT", 64 if BD <= 128 else 32))
     warps = int(os.environ.get("MEDIAGEN_MHLA_WARPS", 4 if BD * TILE <= 8192 else 8))
     return BD, TILE, BT, warps
@@ -56,16 +58,18 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
     forced = os.environ.get("MEDIAGEN_MHLA_SPLITS")
     if forced:
         return max(1, int(forced))
+    if device.type != "cuda":
+        return 1
     BD, TILE, BT, _ = _config(D)
     programs = B * H * M * (BD // TILE)
-    want = math.ceil(2 * _num_sms(device) / programs)
+    want = math.ceil(2 * _num_sms(device.index or 0) / programs)
     return max(1, min(want, math.ceil(largest_block / BT)))
 
 
-def choose_algorithm(B, N, H, D, M, splits, device, dtype) -> str:
+def choose_algorithm(B, N, H, D, M, splits, dtype) -> str:
     """Cost model in seconds on an H200-class GPU: bytes at ~3.5 TB/s, dot work at ~250 TFLOP/s,
     fp32 mixing at ~40 TFLOP/s, ~4 us per launch."""
-    es = torch.empty((), dtype=dtype).element_size()
+    es = 4 if dtype == torch.float32 else 2
     BD = max(16, triton.next_power_of_2(D))
     X = D * D + D
     io = 4 * B * N * H * D * es
@@ -74,30 +78,39 @@ def choose_algorithm(B, N, H, D, M, splits, device, dtype) -> str:
     return "dense" if dense < chunked else "chunked"
 
 
-def _mix_matmul(mix, sz, transpose=False):
-    """Mixed summaries: (B, H, M, X) = mix (M, M') or (H, M, M') @ sz (B, H, M', X), in fp32."""
-    m = mix.float()
-    if transpose:
-        m = m.transpose(-1, -2)
-    return torch.matmul(m, sz)
+_blk_cache: dict = {}
 
 
-def _summaries(k, order, offsets, B, N, H, D, M, J, feature_code, v):
+def _token_blocks_int32(grid, blocks, device):
+    key = (tuple(grid), tuple(blocks), str(device))
+    hit = _blk_cache.get(key)
+    if hit is None:
+        hit = _blk_cache[key] = token_block_ids(grid, blocks, device).to(torch.int32)
+    return hit
+
+
+def _summaries(k, v, order, offsets, M, J, fcode):
+    B, N, H, D = k.shape
     BD, TILE, BT, warps = _config(D)
     X = D * D + D
     sz = _new((B, H, M * J, X), k, torch.float32)
-    dot_f32 = k.dtype == torch.float32 or _interpreting()
-    summary_kernel[(B * H, M * J, BD // TILE)](
+    summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         k, v, sz, order, offsets, *k.stride(), *v.stride(), H, M * J, J, D, X,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=feature_code, DOT_F32=dot_f32, IEEE=k.dtype == torch.float32,
-        num_warps=warps)
+        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
+        IEEE=k.dtype == torch.float32, num_warps=warps)
     return sz
 
 
-@torch.library.custom_op("mediagen::mhla_fwd", mutates_args=())
-def mhla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor, grid: list[int],
-             blocks: list[int], normalize: bool, eps: float, feature_map: str, scale: float, algorithm: str,
-             splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _mixed(mix, sz, J):
+    """S~ = Mc @ S over (batch, head): (B, H, M, X) in fp32; J token splits are summed by the matmul."""
+    m = mix.float()
+    if J > 1:
+        m = m.repeat_interleave(J, dim=-1)
+    return torch.matmul(m, sz)
+
+
+def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits):
+    """Returns (o, sz): sz holds the per-block (per-split) summaries for the backward, or is empty."""
     B, N, H, D = q.shape
     M = math.prod(blocks)
     fcode = FEATURE_CODES[feature_map]
@@ -106,29 +119,85 @@ def mhla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tenso
     if algorithm == "dense":
         BD = max(16, triton.next_power_of_2(D))
         BT = 64 if BD <= 128 else 32
-        blk = token_block_ids(grid, blocks, q.device).to(torch.int32)
         mixf = mix.float().contiguous()
         dense_forward_kernel[(B * H, triton.cdiv(N, BT))](
-            q, k, v, mixf, blk, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
             BD=BD, BT=BT, BS=BT, FEATURE=fcode, NORMALIZE=normalize,
             DOT_F32=ieee or _interpreting(), IEEE=ieee, num_warps=4 if BD <= 64 else 8)
         return o, q.new_empty((0,), dtype=torch.float32)
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
-    J = splits
-    sz = _summaries(k, order, offsets, B, N, H, D, M, J, fcode, v)
-    mixed = _mix_matmul(mix.repeat_interleave(J, dim=-1) if J > 1 else mix, sz).contiguous()
+    sz = _summaries(k, v, order, offsets, M, splits, fcode)
+    mixed = _mixed(mix, sz, splits)
     BD, TILE, BT, warps = _config(D)
-    apply_kernel[(B * H, M * J, BD // TILE)](
-        q, mixed, o, order, offsets, *q.stride(), *o.stride(), H, M, J, D, D * D + D, eps, scale,
+    apply_kernel[(B * H, M * splits, triton.cdiv(D, TILE))](
+        q, mixed, o, order, offsets, *q.stride(), *o.stride(), H, M, splits, D, D * D + D, eps, scale,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=ieee, num_warps=warps)
     return o, sz
+
+
+def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits):
+    B, N, H, D = q.shape
+    M, J, X = math.prod(blocks), splits, D * D + D
+    fcode = FEATURE_CODES[feature_map]
+    order, offsets, _ = block_token_lists(grid, blocks, q.device)
+    if sz.numel() == 0:  # the dense forward kept no summaries
+        sz = _summaries(k, v, order, offsets, M, J, fcode)
+    mixed = _mixed(mix, sz, J)
+    BD, TILE, BT, warps = _config(D)
+    ieee = q.dtype == torch.float32
+    dq = _new((B, N, H, D), q, q.dtype)
+    dsz_part = _new((B, H, M * J, X), q, torch.float32)
+    query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
+        q, g, o, mixed, dq, dsz_part, order, offsets, *q.stride(), *g.stride(), *o.stride(), *dq.stride(),
+        H, M, J, D, X, eps, scale,
+        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=ieee, num_warps=warps)
+    dmixed = dsz_part.view(B, H, M, J, X).sum(3) if J > 1 else dsz_part  # dS~ per query block
+    dsz = torch.matmul(mix.float().transpose(-1, -2), dmixed)            # dS_b = Mc^T dS~
+    block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
+    dmix = torch.matmul(dmixed, block_sz.transpose(-1, -2)).sum(0)      # dMc_ib = <dS~_i, S_b>
+    if mix.dim() == 2:
+        dmix = dmix.sum(0)
+    dk = _new((B, N, H, D), k, k.dtype)
+    dv = _new((B, N, H, D), v, v.dtype)
+    key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
+        k, v, dsz, dk, dv, order, offsets, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+        H, M, J, D, X, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=ieee, num_warps=warps)
+    return dq, dk, dv, dmix.to(mix.dtype)
+
+
+# ---- eager path ---------------------------------------------------------------------------------
+
+class _MHLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mix, *args):
+        o, sz = forward_impl(q, k, v, mix, *args)
+        ctx.save_for_backward(q, k, v, mix, o, sz)
+        grid, blocks, normalize, eps, feature_map, scale, algorithm, splits = args
+        ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, mix, o, sz = ctx.saved_tensors
+        grads = backward_impl(g, q, k, v, mix, o, sz, *ctx.args)
+        return (*grads,) + (None,) * 8
+
+
+# ---- torch.compile path: custom ops -------------------------------------------------------------
+
+@torch.library.custom_op("mediagen::mhla_fwd", mutates_args=())
+def mhla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor, grid: list[int],
+             blocks: list[int], normalize: bool, eps: float, feature_map: str, scale: float, algorithm: str,
+             splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits)
 
 
 @mhla_fwd.register_fake
 def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits):
     B, N, H, D = q.shape
-    o = torch.empty((B, N, H, D), device=q.device, dtype=q.dtype)
+    o = q.new_empty((B, N, H, D))
     if algorithm == "dense":
         return o, q.new_empty((0,), dtype=torch.float32)
     return o, q.new_empty((B, H, math.prod(blocks) * splits, D * D + D), dtype=torch.float32)
@@ -139,45 +208,13 @@ def mhla_bwd(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              o: torch.Tensor, sz: torch.Tensor, grid: list[int], blocks: list[int], normalize: bool, eps: float,
              feature_map: str, scale: float, splits: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    B, N, H, D = q.shape
-    M = math.prod(blocks)
-    J = splits
-    X = D * D + D
-    fcode = FEATURE_CODES[feature_map]
-    order, offsets, _ = block_token_lists(grid, blocks, q.device)
-    if sz.numel() == 0:  # the dense forward kept no summaries
-        sz = _summaries(k, order, offsets, B, N, H, D, M, J, fcode, v)
-    mixJ = mix.repeat_interleave(J, dim=-1) if J > 1 else mix
-    mixed = _mix_matmul(mixJ, sz).contiguous()
-    if normalize:  # delta_t = g_t . o_t, as flash attention's backward
-        delta = (g.float() * o.float()).sum(-1).contiguous()
-    else:
-        delta = mixed  # unused placeholder
-    BD, TILE, BT, warps = _config(D)
-    ieee = q.dtype == torch.float32
-    dq = _new((B, N, H, D), q, q.dtype)
-    dsz_part = _new((B, H, M * J, X), q, torch.float32)
-    query_grad_kernel[(B * H, M * J, BD // TILE)](
-        q, g, delta, mixed, dq, dsz_part, order, offsets, *q.stride(), *g.stride(), *dq.stride(),
-        N, H, M, J, D, X, eps, scale,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=ieee, num_warps=warps)
-    dmixed = dsz_part.view(B, H, M, J, X).sum(3) if J > 1 else dsz_part
-    dsz = _mix_matmul(mix, dmixed, transpose=True).contiguous()
-    blocks_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
-    dmix = torch.matmul(dmixed, blocks_sz.transpose(-1, -2)).sum(0)  # (H, M, M)
-    if mix.dim() == 2:
-        dmix = dmix.sum(0)
-    dk = _new((B, N, H, D), k, k.dtype)
-    dv = _new((B, N, H, D), v, v.dtype)
-    key_grad_kernel[(B * H, M * J, BD // TILE)](
-        k, v, dsz, dk, dv, order, offsets, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
-        H, M, J, D, X, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=ieee, num_warps=warps)
-    return dq, dk, dv, dmix.to(mix.dtype)
+    return backward_impl(g.contiguous() if g.stride(-1) == 0 else g, q, k, v, mix, o, sz, grid, blocks,
+                         normalize, eps, feature_map, scale, splits)
 
 
 @mhla_bwd.register_fake
 def _(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(mix)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), mix.new_empty(mix.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -189,10 +226,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_o, grad_sz):
     q, k, v, mix, o, sz = ctx.saved_tensors
-    grid, blocks, normalize, eps, feature_map, scale, splits = ctx.args
-    dq, dk, dv, dmix = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, grid, blocks, normalize, eps,
-                                                   feature_map, scale, splits)
-    return dq, dk, dv, dmix, None, None, None, None, None, None, None, None
+    grads = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, *ctx.args)
+    return (*grads,) + (None,) * 8
 
 
 mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -206,11 +241,12 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
     B, N, H, D = q.shape
     M = math.prod(blocks)
     if splits is None:
-        largest = math.prod(-(-g // b) for g, b in zip(grid, blocks))  # ceil(L/b) tokens per axis at most
+        largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
         splits = choose_splits(B, H, M, largest, D, q.device)
     if algorithm == "auto":
-        algorithm = choose_algorithm(B, N, H, D, M, splits, q.device, q.dtype)
-    o, _ = torch.ops.mediagen.mhla_fwd(q, k, v, mix, list(grid), list(blocks), normalize, float(eps),
-                                       feature_map or "none", 1.0 if scale is None else float(scale),
-                                       algorithm, int(splits))
-    return o
+        algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype)
+    args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
+            1.0 if scale is None else float(scale), algorithm, int(splits))
+    if torch.compiler.is_compiling():
+        return torch.ops.mediagen.mhla_fwd(q, k, v, mix, *args)[0]
+    return _MHLAFunction.apply(q, k, v, mix, *args)
