@@ -14,6 +14,9 @@ def register(sub):
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--no-backward", action="store_true", help="time the forward only")
     p.add_argument("--out", default=None, help="also write the markdown table to this file")
+    p.add_argument("--e2e", action="store_true", help="also time whole transformers (see mediagen.eval.e2e_bench)")
+    p.add_argument("--e2e-preset", default=None, help="Wan-style preset for --e2e (default: by device)")
+    p.add_argument("--plot", default=None, help="write a PNG plot of latency against sequence length here")
     p.set_defaults(func=run)
 
 
@@ -31,6 +34,10 @@ def run(args) -> int:
     table = markdown_table(rows)
     header = f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, dtype {dtype}, " \
              f"copy bandwidth {bw / 1e9:.0f} GB/s"
+    if args.e2e or args.plot:
+        from .bench_report import extend_report
+
+        table = extend_report(args, rows, table, device, dtype)
     print(header)
     print(table)
     if args.out:
