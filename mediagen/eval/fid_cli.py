@@ -1,0 +1,114 @@
+"""``mediagen fid``: FID and KID of a checkpoint's samples (or of images already generated)
+against a reference set, on the chosen features; prints the scores and writes JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from .features import FEATURE_DIMS, FEATURES
+
+
+def register(sub):
+    p = sub.add_parser("fid", help="FID and KID of a checkpoint's samples against a reference set")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a saved pipeline folder to sample from (needs mediagen.pipelines)")
+    src.add_argument("--samples", help="already generated images: a folder of image files or an .npz/.npy (uint8)")
+    p.add_argument("--reference", default="mnist",
+                   help="'mnist' (the shipped 10,000 real digits), a folder / .npz of images, or a statistics "
+                        ".npz written by --save-reference-stats (default: mnist)")
+    p.add_argument("--features", choices=sorted(FEATURES), default=None,
+                   help="feature network: mnist (128-d, digits), effnet-lite0 (1280-d ImageNet CNN), inception "
+                        "(clean-fid's 2048-d Inception-v3; needs its weights file). Default: mnist when the "
+                        "reference is mnist, else effnet-lite0")
+    p.add_argument("--num-samples", type=int, default=None,
+                   help="samples to score (default: all of --samples; 1000 from a checkpoint)")
+    p.add_argument("--inception-weights", default=None, help="local path of inception-2015-12-05.pt")
+    p.add_argument("--reference-num", type=int, default=None, help="use only the first N reference images")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--prompts", default=None, help="prompt file (one per line) for text-to-image checkpoints")
+    p.add_argument("--steps", type=int, default=None, help="sampling steps (pipeline default when omitted)")
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (pipeline default when omitted)")
+    p.add_argument("--kid-subsets", type=int, default=100)
+    p.add_argument("--kid-subset-size", type=int, default=1000)
+    p.add_argument("--save-samples", default=None, help="also write the sampled images as PNG files here")
+    p.add_argument("--save-reference-stats", default=None, help="write the reference statistics to this .npz")
+    p.add_argument("--out", default=os.path.join("outputs", "fid.json"), help="JSON file for the results")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _positive(name, value):
+    if value is not None and value < 1:
+        raise ValueError(f"{name}={value} is not allowed: it must be a positive integer")
+
+
+def run(args) -> int:
+    from .fid import check_enough_samples, extract_features, fid_from_features, kernel_distance
+    from .features import get_extractor
+    from .reference import load_reference, save_reference_stats
+
+    for name in ("num_samples", "batch_size", "reference_num", "kid_subsets", "kid_subset_size"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    features = args.features or ("mnist" if args.reference == "mnist" else "effnet-lite0")
+    progress = not args.quiet
+    t0 = time.perf_counter()
+
+    # Cheap checks first: nothing is sampled or embedded when the run cannot give a valid FID.
+    dim = FEATURE_DIMS[features]
+    if args.num_samples is not None:
+        check_enough_samples(args.num_samples, dim, "samples", features)
+    extractor = get_extractor(features, args.device, args.inception_weights)
+
+    if args.samples:
+        from .image_io import load_images
+
+        images = load_images(args.samples, args.num_samples)
+        source = args.samples
+    else:
+        from .sampling import sample_images
+
+        prompts = _read_lines(args.prompts) if args.prompts else None
+        n = args.num_samples or 1000
+        check_enough_samples(n, dim, "samples", features)
+        images = sample_images(args.checkpoint, n, args.batch_size, args.seed, args.device, prompts=prompts,
+                               progress=progress, num_inference_steps=args.steps, guidance_scale=args.guidance)
+        source = args.checkpoint
+        if args.save_samples:
+            from .image_io import save_images
+
+            save_images(images, args.save_samples)
+    check_enough_samples(len(images), dim, "samples", features)
+
+    ref = load_reference(args.reference, extractor, args.batch_size, args.reference_num, progress)
+    if args.save_reference_stats:
+        save_reference_stats(ref, args.save_reference_stats)
+    feats = extract_features(images, extractor, args.batch_size, progress, desc=f"samples {features}")
+    fid = fid_from_features(feats, ref.mu, ref.sigma, features)
+    kid = None
+    if ref.feats is not None:
+        kid = kernel_distance(feats, ref.feats, args.kid_subsets, args.kid_subset_size, seed=args.seed)
+    result = {"fid": fid, "kid": kid, "features": features, "feature_dim": dim, "num_samples": len(feats),
+              "num_reference": ref.n, "samples": str(source), "reference": str(args.reference),
+              "seconds": round(time.perf_counter() - t0, 2)}
+    print(f"FID ({features}, {len(feats)} samples vs {ref.n} reference): {fid:.4f}")
+    print("KID: " + (f"{kid:.6f}" if kid is not None else "n/a (reference statistics hold no features)"))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _read_lines(path):
+    with open(path) as fh:
+        lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise ValueError(f"--prompts {path} holds no prompts")
+    return lines

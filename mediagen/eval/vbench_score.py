@@ -1,0 +1,69 @@
+"""VBench's normalisation and aggregation: raw dimension scores -> Quality, Semantic and Total.
+
+Each dimension is normalised as (x - min) / (max - min) with VBench's bounds; Quality is the
+weighted mean of the quality dimensions (dynamic degree weighs 0.5, the others 1: with all seven,
+Σ w·x / 6.5 as VBench), Semantic the mean of the semantic ones (VBench: Σ of nine / 9), and
+Total = (4 Quality + Semantic) / 5. Dimensions we cannot measure offline (aesthetic and imaging
+quality; VBench's open-world semantic dimensions) are left out of the means, and the report lists
+which dimensions each aggregate covers. The Moving-MNIST dimensions stand in for VBench's semantic
+ones: digit_identity for object_class, digit_count for multiple_objects, motion_direction for
+temporal_style; bounds 0..1, weight 1.
+"""
+
+from __future__ import annotations
+
+# name -> (min, max, weight)
+QUALITY_DIMS = {
+    "subject_consistency": (0.1462, 1.0, 1.0),
+    "background_consistency": (0.2615, 1.0, 1.0),
+    "temporal_flickering": (0.6293, 1.0, 1.0),
+    "motion_smoothness": (0.706, 0.9975, 1.0),
+    "dynamic_degree": (0.0, 1.0, 0.5),
+    "aesthetic_quality": (0.0, 1.0, 1.0),
+    "imaging_quality": (0.0, 1.0, 1.0),
+}
+SEMANTIC_DIMS = {name: (0.0, 1.0, 1.0) for name in (
+    "object_class", "multiple_objects", "human_action", "color", "spatial_relationship", "scene",
+    "appearance_style", "temporal_style", "overall_consistency",
+    "digit_identity", "motion_direction", "digit_count")}
+
+
+def normalise(name: str, value: float) -> float:
+    lo, hi, _ = {**QUALITY_DIMS, **SEMANTIC_DIMS}[name]
+    return (value - lo) / (hi - lo)
+
+
+def _weighted(dims: dict, raw: dict):
+    present = [d for d in dims if raw.get(d) is not None]
+    if not present:
+        return None, []
+    total_w = sum(dims[d][2] for d in present)
+    return sum(dims[d][2] * normalise(d, raw[d]) for d in present) / total_w, present
+
+
+def aggregate(raw: dict[str, float]) -> dict:
+    """Normalised dimensions and the Quality / Semantic / Total scores of raw dimension scores."""
+    unknown = sorted(set(raw) - set(QUALITY_DIMS) - set(SEMANTIC_DIMS))
+    if unknown:
+        raise ValueError(f"unknown VBench dimensions {unknown}; known: {sorted({**QUALITY_DIMS, **SEMANTIC_DIMS})}")
+    quality, q_dims = _weighted(QUALITY_DIMS, raw)
+    semantic, s_dims = _weighted(SEMANTIC_DIMS, raw)
+    total = None
+    if quality is not None and semantic is not None:
+        total = (4 * quality + semantic) / 5
+    elif quality is not None:
+        total = quality
+    return {"raw": dict(raw), "normalised": {d: normalise(d, v) for d, v in raw.items() if v is not None},
+            "quality": quality, "semantic": semantic, "total": total,
+            "quality_dims": q_dims, "semantic_dims": s_dims}
+
+
+def markdown_table(report: dict) -> str:
+    lines = ["| dimension | raw | normalised |", "|---|---|---|"]
+    for d, v in report["raw"].items():
+        if v is not None:
+            lines.append(f"| {d} | {v:.4f} | {report['normalised'][d]:.4f} |")
+    for key in ("quality", "semantic", "total"):
+        v = report[key]
+        lines.append(f"| **{key.capitalize()}** | | {'—' if v is None else f'{v:.4f}'} |")
+    return "\n".join(lines)
