@@ -18,8 +18,8 @@ from .triton_common import feature
 def dense_forward_kernel(Q, K, V, MIX, BLK, O,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          N, H, D, M, mix_head_stride, eps, scale,
-                         BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
-                         FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
+                         BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr,
+                         ONEHOT: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
                          IEEE: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
@@ -36,6 +36,11 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O,
         qf = qf.to(qt.dtype)
     bq = tl.load(BLK + rows, mask=rmask, other=0)
     mix_row = MIX + h * mix_head_stride + bq * M
+    if ONEHOT:
+        # Mc rows of the tile's queries, once: weights per key tile are then a dot with one-hot
+        # key-block indicators, W = Mc[i(t), :] @ onehot(i(s))^T, instead of a 2-D gather.
+        m = tl.arange(0, BM)
+        mix_rows = tl.load(mix_row[:, None] + m[None, :], mask=rmask[:, None] & (m < M)[None, :], other=0.0)
     acc = tl.zeros((BT, BD), dtype=tl.float32)
     den = tl.zeros((BT,), dtype=tl.float32)
     kbase = K + b.to(tl.int64) * skb + h * skh
@@ -48,7 +53,14 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O,
         kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
         vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd, mask=kmask, other=0.0)
         bk = tl.load(BLK + cols, mask=cmask, other=0)
-        w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
+        if ONEHOT:
+            onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
+            if IEEE:
+                w = tl.dot(mix_rows, tl.trans(onehot), input_precision="ieee")
+            else:
+                w = tl.dot(mix_rows, tl.trans(onehot))
+        else:
+            w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
         if DOT_F32:
             if IEEE:
                 p = tl.dot(qf, tl.trans(kf), input_precision="ieee") * w

@@ -21,6 +21,7 @@ import triton
 from .layout import block_token_lists, token_block_ids
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
+from .triton_mix import mix_grad_kernel, mix_kernel
 
 FEATURE_CODES = {"none": 0, "relu": 1, "elu1": 2}
 ALGORITHMS = ("auto", "chunked", "dense")
@@ -44,37 +45,46 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _config(D: int):
-    """Block sizes: BD covers the head dim, TILE columns per program, BT tokens per step."""
+# Launch settings per kernel: TILE output columns per program, BT tokens per loop step (both capped
+# by the padded head dim BD), warps, pipeline stages. benchmarks/sweep_mhla.py measures the choices.
+KERNEL_CONFIGS = {
+    "summary": dict(TILE=128, BT=64, warps=8, stages=3),
+    "apply": dict(TILE=128, BT=64, warps=8, stages=3),
+    "query_grad": dict(TILE=64, BT=32, warps=8, stages=2),
+    "key_grad": dict(TILE=64, BT=32, warps=8, stages=2),
+    "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
+}
+
+
+def _config(name: str, D: int):
+    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D."""
+    c = KERNEL_CONFIGS[name]
     BD = max(16, triton.next_power_of_2(D))
-    TILE = min(BD, int(os.environ.get("MEDIAGEN_MHLA_TILE", 128)))
-    BT = int(os.environ.get("MEDIAGEN_MHLA_BT", 64 if BD <= 128 else 32))
-    warps = int(os.environ.get("MEDIAGEN_MHLA_WARPS", 4 if BD * TILE <= 8192 else 8))
-    return BD, TILE, BT, warps
+    BT = c["BT"] if BD <= 128 else min(c["BT"], 32)
+    return BD, min(BD, c["TILE"]), BT, c["warps"], c["stages"]
 
 
 def choose_splits(B, H, M, largest_block, D, device) -> int:
-    """Token splits per block so that the chunked kernels launch about 2 programs per SM."""
+    """Token splits per block so that the chunked kernels launch about 4 programs per SM."""
     forced = os.environ.get("MEDIAGEN_MHLA_SPLITS")
     if forced:
         return max(1, int(forced))
     if device.type != "cuda":
         return 1
-    BD, TILE, BT, _ = _config(D)
+    BD, TILE, BT, _, _ = _config("apply", D)
     programs = B * H * M * (BD // TILE)
-    want = math.ceil(2 * _num_sms(device.index or 0) / programs)
-    return max(1, min(want, math.ceil(largest_block / BT)))
+    want = math.ceil(4 * _num_sms(device.index or 0) / programs)
+    return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
 
 def choose_algorithm(B, N, H, D, M, splits, dtype) -> str:
-    """Cost model in seconds on an H200-class GPU: bytes at ~3.5 TB/s, dot work at ~250 TFLOP/s,
-    fp32 mixing at ~40 TFLOP/s, ~4 us per launch."""
+    """Cost model in seconds on an H200-class GPU: bytes at ~3 TB/s, dense dot work at ~150 TFLOP/s,
+    ~5 us per launch (chunked runs summary, mix and apply)."""
     es = 4 if dtype == torch.float32 else 2
     BD = max(16, triton.next_power_of_2(D))
-    X = D * D + D
     io = 4 * B * N * H * D * es
-    chunked = (io + 4 * 4 * B * H * M * splits * X) / 3.5e12 + 2 * B * H * M * M * splits * X / 40e12 + 3 * 4e-6
-    dense = io / 3.5e12 + 4 * B * H * N * N * BD / 250e12 + 4e-6
+    chunked = (io + 4 * 4 * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
+    dense = io / 3e12 + 4 * B * H * N * N * BD / 150e12 + 5e-6
     return "dense" if dense < chunked else "chunked"
 
 
@@ -89,51 +99,114 @@ def _token_blocks_int32(grid, blocks, device):
     return hit
 
 
-def _summaries(k, v, order, offsets, M, J, fcode):
+def launch_summary(k, v, order, offsets, M, J, fcode):
     B, N, H, D = k.shape
-    BD, TILE, BT, warps = _config(D)
+    BD, TILE, BT, warps, stages = _config("summary", D)
     X = D * D + D
     sz = _new((B, H, M * J, X), k, torch.float32)
     summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         k, v, sz, order, offsets, *k.stride(), *v.stride(), H, M * J, J, D, X,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
-        IEEE=k.dtype == torch.float32, num_warps=warps)
+        IEEE=k.dtype == torch.float32, num_warps=warps, num_stages=stages)
     return sz
 
 
-def _mixed(mix, sz, J):
-    """S~ = Mc @ S over (batch, head): (B, H, M, X) in fp32; J token splits are summed by the matmul."""
+def launch_mix(mix, src, J, ieee, transpose=False):
+    """(B, H, M, X) fp32 = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M)."""
+    B, H, K, X = src.shape
+    M = mix.shape[-1]
     m = mix.float()
-    if J > 1:
-        m = m.repeat_interleave(J, dim=-1)
-    return torch.matmul(m, sz)
+    sah = m.stride(0) if m.dim() == 3 else 0
+    sai, saj = m.stride(-2), m.stride(-1)
+    if transpose:
+        sai, saj = saj, sai
+    out = _new((B, H, M, X), src, torch.float32)
+    BM = min(64, max(16, triton.next_power_of_2(M)))
+    mix_kernel[(B * H, triton.cdiv(X, 128), triton.cdiv(M, BM))](
+        m, src, out, sah, sai, saj, H, M, K, J, X, BM=BM, BK=32, BX=128, IEEE=ieee, num_warps=4)
+    return out
+
+
+def launch_mix_grad(dmixed, block_sz, per_head, ieee):
+    """dMc: (H, M, M) per head or (M, M) shared, = sum over batch (and heads) of dS~ @ S^T."""
+    B, H, M, X = dmixed.shape
+    XT = 1024
+    NT = triton.cdiv(X, XT)
+    BM = min(64, max(16, triton.next_power_of_2(M)))
+    part = torch.empty((B, H, NT, M, M), device=dmixed.device, dtype=torch.float32)
+    mix_grad_kernel[(B * H, NT, triton.cdiv(M, BM) ** 2)](
+        dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=32, IEEE=ieee, num_warps=4)
+    return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
+
+
+def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode):
+    B, N, H, D = q.shape
+    BD, TILE, BT, warps, stages = _config("apply", D)
+    o = _new((B, N, H, D), q, q.dtype)
+    apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
+        q, mixed, o, order, offsets, *q.stride(), *o.stride(), H, M, J, D, D * D + D, eps, scale,
+        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=stages)
+    return o
+
+
+def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode):
+    B, N, H, D = q.shape
+    M = math.prod(blocks)
+    c = KERNEL_CONFIGS["dense"]
+    BD = max(16, triton.next_power_of_2(D))
+    BT = c["BT"] if BD <= 128 else 32
+    BS = c["BS"] if BD <= 128 else 32
+    BM = max(16, triton.next_power_of_2(M))
+    ieee = q.dtype == torch.float32
+    o = _new((B, N, H, D), q, q.dtype)
+    mixf = mix.float().contiguous()
+    dense_forward_kernel[(B * H, triton.cdiv(N, BT))](
+        q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
+        BD=BD, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, FEATURE=fcode, NORMALIZE=normalize,
+        DOT_F32=ieee or _interpreting(), IEEE=ieee, num_warps=c["warps"], num_stages=c["stages"])
+    return o
+
+
+def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode):
+    B, N, H, D = q.shape
+    BD, TILE, BT, warps, stages = _config("query_grad", D)
+    X = D * D + D
+    dq = _new((B, N, H, D), q, q.dtype)
+    dsz_part = _new((B, H, M * J, X), q, torch.float32)
+    query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
+        q, g, o, mixed, dq, dsz_part, order, offsets, *q.stride(), *g.stride(), *o.stride(), *dq.stride(),
+        H, M, J, D, X, eps, scale,
+        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=stages)
+    return dq, dsz_part
+
+
+def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode):
+    B, N, H, D = k.shape
+    BD, TILE, BT, warps, stages = _config("key_grad", D)
+    dk = _new((B, N, H, D), k, k.dtype)
+    dv = _new((B, N, H, D), v, v.dtype)
+    key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
+        k, v, dsz, dk, dv, order, offsets, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+        H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=k.dtype == torch.float32,
+        num_warps=warps, num_stages=stages)
+    return dk, dv
 
 
 def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits):
     """Returns (o, sz): sz holds the per-block (per-split) summaries for the backward, or is empty."""
-    B, N, H, D = q.shape
     M = math.prod(blocks)
     fcode = FEATURE_CODES[feature_map]
-    o = _new((B, N, H, D), q, q.dtype)
-    ieee = q.dtype == torch.float32
     if algorithm == "dense":
-        BD = max(16, triton.next_power_of_2(D))
-        BT = 64 if BD <= 128 else 32
-        mixf = mix.float().contiguous()
-        dense_forward_kernel[(B * H, triton.cdiv(N, BT))](
-            q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o,
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
-            BD=BD, BT=BT, BS=BT, FEATURE=fcode, NORMALIZE=normalize,
-            DOT_F32=ieee or _interpreting(), IEEE=ieee, num_warps=4 if BD <= 64 else 8)
+        o = launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode)
         return o, q.new_empty((0,), dtype=torch.float32)
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
-    sz = _summaries(k, v, order, offsets, M, splits, fcode)
-    mixed = _mixed(mix, sz, splits)
-    BD, TILE, BT, warps = _config(D)
-    apply_kernel[(B * H, M * splits, triton.cdiv(D, TILE))](
-        q, mixed, o, order, offsets, *q.stride(), *o.stride(), H, M, splits, D, D * D + D, eps, scale,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=ieee, num_warps=warps)
+    sz = launch_summary(k, v, order, offsets, M, splits, fcode)
+    mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32)
+    o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode)
     return o, sz
 
 
@@ -141,29 +214,17 @@ def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_
     B, N, H, D = q.shape
     M, J, X = math.prod(blocks), splits, D * D + D
     fcode = FEATURE_CODES[feature_map]
+    ieee = q.dtype == torch.float32
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
     if sz.numel() == 0:  # the dense forward kept no summaries
-        sz = _summaries(k, v, order, offsets, M, J, fcode)
-    mixed = _mixed(mix, sz, J)
-    BD, TILE, BT, warps = _config(D)
-    ieee = q.dtype == torch.float32
-    dq = _new((B, N, H, D), q, q.dtype)
-    dsz_part = _new((B, H, M * J, X), q, torch.float32)
-    query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, g, o, mixed, dq, dsz_part, order, offsets, *q.stride(), *g.stride(), *o.stride(), *dq.stride(),
-        H, M, J, D, X, eps, scale,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=ieee, num_warps=warps)
+        sz = launch_summary(k, v, order, offsets, M, J, fcode)
+    mixed = launch_mix(mix, sz, J, ieee)
+    dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode)
     dmixed = dsz_part.view(B, H, M, J, X).sum(3) if J > 1 else dsz_part  # dS~ per query block
-    dsz = torch.matmul(mix.float().transpose(-1, -2), dmixed)            # dS_b = Mc^T dS~
+    dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True)                # dS_b = Mc^T dS~
     block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
-    dmix = torch.matmul(dmixed, block_sz.transpose(-1, -2)).sum(0)      # dMc_ib = <dS~_i, S_b>
-    if mix.dim() == 2:
-        dmix = dmix.sum(0)
-    dk = _new((B, N, H, D), k, k.dtype)
-    dv = _new((B, N, H, D), v, v.dtype)
-    key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, dsz, dk, dv, order, offsets, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
-        H, M, J, D, X, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=ieee, num_warps=warps)
+    dmix = launch_mix_grad(dmixed, block_sz, mix.dim() == 3, ieee)       # dMc_ib = <dS~_i, S_b>
+    dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode)
     return dq, dk, dv, dmix.to(mix.dtype)
 
 

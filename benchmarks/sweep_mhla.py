@@ -1,0 +1,103 @@
+"""Sweep the launch settings of each MHLA Triton kernel alone (CUDA-graph replay times), to choose
+KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
+
+    python benchmarks/sweep_mhla.py [--quick]
+"""
+
+import argparse
+import itertools
+import math
+import os
+import sys
+
+import torch
+import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from mediagen.attention.mhla import locality_mix  # noqa: E402
+from mediagen.eval.attention_bench import GPU_SHAPES  # noqa: E402
+from mediagen.kernels.mhla import layout, triton_op as T  # noqa: E402
+
+
+def timed(fn):
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
+    except Exception as err:  # a setting that does not compile (too much shared memory, say)
+        return f"error {type(err).__name__}"
+
+
+def chunked_inputs(s, J):
+    B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
+    q, k, v, g = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    mix = locality_mix(s.blocks).cuda()
+    M = math.prod(s.blocks)
+    order, offsets, _ = layout.block_token_lists(s.grid, s.blocks, q.device)
+    sz = T.launch_summary(k, v, order, offsets, M, J, 1)
+    mixed = T.launch_mix(mix, sz, J, False)
+    o = T.launch_apply(q, mixed, order, offsets, M, J, True, 1e-6, 1.0, 1)
+    return dict(q=q, k=k, v=v, g=g, mix=mix, M=M, J=J, order=order, offsets=offsets, sz=sz, mixed=mixed, o=o)
+
+
+def kernel_calls(x):
+    return {
+        "summary": lambda: T.launch_summary(x["k"], x["v"], x["order"], x["offsets"], x["M"], x["J"], 1),
+        "apply": lambda: T.launch_apply(x["q"], x["mixed"], x["order"], x["offsets"], x["M"], x["J"], True, 1e-6,
+                                        1.0, 1),
+        "query_grad": lambda: T.launch_query_grad(x["q"], x["g"], x["o"], x["mixed"], x["order"], x["offsets"],
+                                                  x["M"], x["J"], True, 1e-6, 1.0, 1),
+        "key_grad": lambda: T.launch_key_grad(x["k"], x["v"], x["mixed"], x["order"], x["offsets"], x["M"], x["J"],
+                                              1),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    shapes = {s.name: s for s in GPU_SHAPES}
+    wan, dit256, dit512 = shapes["Wan2.1-1.3B 81f 480x832"], shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]
+    defaults = {k: dict(v) for k, v in T.KERNEL_CONFIGS.items()}
+    grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
+    if args.quick:
+        grid = grid[::3]
+    best = {}
+    for s in (wan, dit512):
+        for J in (1, 4):
+            x = chunked_inputs(s, J)
+            for name, call in kernel_calls(x).items():
+                rows = []
+                for tile, bt, warps, stages in grid:
+                    T.KERNEL_CONFIGS[name] = dict(TILE=tile, BT=bt, warps=warps, stages=stages)
+                    rows.append((timed(call), tile, bt, warps, stages))
+                T.KERNEL_CONFIGS[name] = dict(defaults[name])
+                ok = sorted(r for r in rows if not isinstance(r[0], str))
+                print(f"{s.name} J={J} {name}: best {ok[0]}, default {defaults[name]} -> "
+                      f"{timed(call)}; worst {ok[-1]}", flush=True)
+                best.setdefault(name, []).append((s.name, J, ok[:3]))
+            del x
+    for s in (dit256, dit512):
+        B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        mix = locality_mix(s.blocks).cuda()
+        rows = []
+        for bt, bs, warps, stages, onehot in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3), (True, False)):
+            T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=onehot)
+            rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
+                         bt, bs, warps, stages, onehot))
+        T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"])
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        print(f"{s.name} dense: best {ok[:3]}; worst {ok[-1]}", flush=True)
+        print("  onehot=False best:", [r for r in ok if not r[-1]][:2], flush=True)
+    # mixing kernels and splits, with the defaults
+    x = chunked_inputs(wan, 1)
+    print("wan mix fwd", timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)))
+    print("wan mix grad", timed(lambda: T.launch_mix_grad(x["mixed"], x["sz"], False, False)))
+    for J in (1, 2, 4, 8):
+        os.environ["MEDIAGEN_MHLA_SPLITS"] = str(J)
+        f = lambda: T.mhla_triton(x["q"], x["k"], x["v"], x["mix"], wan.grid, wan.blocks, feature_map="relu",
+                                  algorithm="chunked", splits=J)
+        print(f"wan full forward J={J}: {timed(f)} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
