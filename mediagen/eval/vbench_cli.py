@@ -30,6 +30,10 @@ def register(sub):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="sampling steps (checkpoint only)")
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (checkpoint only)")
+    p.add_argument("--height", type=int, default=None, help="video height (checkpoint only; pipeline default)")
+    p.add_argument("--width", type=int, default=None, help="video width (checkpoint only; pipeline default)")
+    p.add_argument("--num-frames", type=int, default=None, help="frames per video (checkpoint only)")
     p.add_argument("--save-videos", default=None, help="write sampled videos here (checkpoint only)")
     p.add_argument("--out", default=os.path.join("outputs", "vbench.json"), help="JSON file for the results")
     p.add_argument("--table", default=None, help="also write the markdown table here")
@@ -95,7 +99,8 @@ def run(args) -> int:
 
         video_prompts = list(prompts.values()) if isinstance(prompts, dict) else list(prompts)
         videos = sample_videos(args.checkpoint, video_prompts, args.seed, args.device, progress=not args.quiet,
-                               num_inference_steps=args.steps)
+                               num_inference_steps=args.steps, guidance_scale=args.guidance,
+                               height=args.height, width=args.width, num_frames=args.num_frames)
         names = [f"{p}-{i}.mp4" for i, p in enumerate(video_prompts)]
         if args.save_videos:
             from .video_io import write_video
