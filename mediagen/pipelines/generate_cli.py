@@ -68,7 +68,7 @@ def run(args) -> int:
     from ..models.convert import convert
     from ..models.presets import PRESETS
     from .building import build_pipeline, task_of, token_grid
-    from .export import save_media
+    from .export import IMAGE_FORMATS, VIDEO_FORMATS, save_media
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -79,6 +79,11 @@ def run(args) -> int:
     task = args.task or task_of(pipe.transformer)
     if (task == "class-to-image") != (task_of(pipe.transformer) == "class-to-image"):
         raise ValueError(f"--task {task} does not fit model {args.model!r} (a {task_of(pipe.transformer)} model)")
+    suffix = ".mp4" if task == "text-to-video" else ".png"
+    out = Path(args.out) if args.out else Path("outputs") / f"{task}-{args.seed}{suffix}"
+    allowed = VIDEO_FORMATS if task == "text-to-video" else IMAGE_FORMATS
+    if out.suffix.lstrip(".").lower() not in allowed:
+        raise ValueError(f"--out {str(out)!r}: {task} writes {' or '.join(allowed)} files")
     preset = PRESETS.get(args.model)
     height, width, frames = _sizes(args, pipe, preset)
     if task == "text-to-image":
@@ -105,8 +110,6 @@ def run(args) -> int:
             result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, **common).images
         else:
             result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, num_frames=frames, **common).frames
-    suffix = ".mp4" if task == "text-to-video" else ".png"
-    out = Path(args.out) if args.out else Path("outputs") / f"{task}-{args.seed}{suffix}"
     for path in save_media(result, out, fps=args.fps):
         print(path)
     return 0

@@ -5,7 +5,8 @@ An encoder plugs in one of two ways:
   itself (``ByteTextEncoder``; any encoder wrapper can add this one method);
 - or the pipeline has a Hugging Face ``tokenizer`` and the encoder's forward takes
   ``input_ids``/``attention_mask`` and returns an object with ``last_hidden_state``.
-Padded positions are zeroed, as Wan's pipeline does, so the transformer sees the same states
+The encoder is a pipeline component, so it needs ``.device`` and ``.dtype`` (``ModelMixin`` and
+``PreTrainedModel`` have them). Padded positions are zeroed, as Wan's pipeline does, so the transformer sees the same states
 whatever the padding length.
 """
 

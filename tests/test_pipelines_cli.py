@@ -1,0 +1,53 @@
+"""``mediagen generate`` in-process on tiny presets: writes PNG / MP4 / GIF and prints the paths."""
+
+import imageio.v3 as iio
+import numpy as np
+from PIL import Image
+
+from mediagen.cli import main
+
+
+def test_generate_class_image_png(tmp_path, capsys):
+    out = tmp_path / "digit.png"
+    assert main(["generate", "--model", "dit-tiny", "--class-label", "3", "--steps", "2", "--attention", "mhla",
+                 "--scheduler", "ddim", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    assert Image.open(out).size == (8, 8)
+
+
+def test_generate_video_mp4_and_gif(tmp_path, capsys):
+    mp4, gif = tmp_path / "clip.mp4", tmp_path / "clip.gif"
+    common = ["generate", "--model", "wan-tiny", "--prompt", "a digit", "--steps", "2", "--frames", "3",
+              "--height", "8", "--width", "12"]
+    assert main(common + ["--attention", "wan-mhla-h", "--out", str(mp4)]) == 0
+    assert main(common + ["--attention", "linear", "--scheduler", "flow-unipc", "--out", str(gif)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert str(mp4) in printed and str(gif) in printed
+    frames = iio.imread(mp4, plugin="pyav")
+    assert frames.shape[0] == 3 and frames.shape[1:3] == (8, 12)
+    assert Image.open(gif).n_frames == 3
+
+
+def test_generate_from_saved_transformer_folder(tmp_path, capsys):
+    import mediagen
+    from mediagen.models import build_transformer
+
+    model = mediagen.convert(build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2])
+    model.save_pretrained(tmp_path / "ckpt")
+    out = tmp_path / "still.png"
+    assert main(["generate", "--model", str(tmp_path / "ckpt"), "--task", "text-to-image", "--prompt", "x",
+                 "--steps", "1", "--height", "8", "--width", "8", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    assert np.asarray(Image.open(out)).shape[:2] == (8, 8)
+
+
+def test_generate_bad_input_is_a_readable_error(tmp_path, capsys):
+    assert main(["generate", "--model", "wan-tiny", "--prompt", "x", "--height", "9", "--out",
+                 str(tmp_path / "a.mp4")]) == 2
+    assert "height=9 is not allowed" in capsys.readouterr().err
+    assert main(["generate", "--model", "dit-tiny", "--prompt", "x", "--out", str(tmp_path / "a.png")]) == 2
+    assert "--class-label" in capsys.readouterr().err
+    assert main(["generate", "--model", "nope", "--out", str(tmp_path / "a.png")]) == 2
+    assert "model='nope'" in capsys.readouterr().err
+    assert main(["generate", "--model", "dit-tiny", "--out", str(tmp_path / "a.mp4")]) == 2
+    assert "png" in capsys.readouterr().err
