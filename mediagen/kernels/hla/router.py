@@ -67,7 +67,8 @@ def gate_regularisers(gates, budget_weight=0.005, budget=3.0, support_weight=0.0
         return {"budget": zero, "support": zero, "binary": zero, "total": zero}
     total_g = gates.sum(-1)
     p = gates / total_g.clamp_min(1e-6)[..., None]
-    eff = 1.0 / (p.pow(2).sum(-1)).clamp_min(1e-6)
+    # a token that reads no chunk at all (every gate 0) has support 0, not 1/0
+    eff = torch.where(total_g > 1e-6, 1.0 / p.pow(2).sum(-1).clamp_min(1e-12), torch.zeros_like(total_g))
     sel = has_past.expand_as(total_g)
     budget_l = budget_weight * (torch.relu(total_g - budget) / budget).pow(2)[sel].mean()
     support_l = support_weight * torch.relu(eff - support).pow(2)[sel].mean()

@@ -1,0 +1,147 @@
+"""HLA: the chunked path against the token-by-token recurrence (fp64), gates in [0, 1], gates of 1
+giving Gated DeltaNet exactly, chunk skipping, the regularisers, and padding."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mediagen.attention.hla import HLAttention
+from mediagen.kernels.hla import (chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
+                                  hla_chunked, hla_recurrent, select_chunks)
+from mediagen.kernels.hla.chunk import pad_to_chunks
+
+F64 = torch.float64
+
+
+def inputs(b=2, n=16, h=2, dk=4, dv=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(b, n, h, dk, generator=g, dtype=F64), dim=-1)
+    k = F.normalize(torch.randn(b, n, h, dk, generator=g, dtype=F64), dim=-1)
+    v = torch.randn(b, n, h, dv, generator=g, dtype=F64)
+    log_alpha = -torch.rand(b, n, h, generator=g, dtype=F64)
+    beta = torch.rand(b, n, h, generator=g, dtype=F64)
+    return q, k, v, log_alpha, beta
+
+
+@pytest.mark.parametrize("n,chunk", [(16, 4), (13, 4), (7, 8), (1, 4)])
+def test_gdn_chunked_equals_recurrent(n, chunk):
+    q, k, v, la, be = inputs(n=n)
+    ref, _ = gdn_recurrent(q, k, v, la, be, 0.7)
+    torch.testing.assert_close(gated_delta_rule_chunked(q, k, v, la, be, 0.7, chunk=chunk), ref,
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hla_chunked_equals_recurrent(seed):
+    q, k, v, la, be = inputs(n=16, seed=seed)
+    chunk, nc = 4, 4
+    gates = torch.rand(2, 2, nc, chunk, nc, generator=torch.Generator().manual_seed(seed + 9), dtype=F64)
+    per_token = gates.movedim(1, 3).reshape(2, 16, 2, nc)            # (B, N, H, nC)
+    ref = hla_recurrent(q, k, v, la, be, per_token, 0.5, chunk)
+    torch.testing.assert_close(hla_chunked(q, k, v, la, be, gates, 0.5, chunk), ref, rtol=1e-10, atol=1e-10)
+    # and the gates matter: a different set gives a different answer
+    assert not torch.allclose(hla_chunked(q, k, v, la, be, gates.flip(-1), 0.5, chunk), ref)
+
+
+def test_summaries_are_exact_affine_maps():
+    """Running one chunk from a random start state equals r^T h0 + o_intra, and ends at A h0 + b."""
+    q, k, v, la, be = inputs(b=1, n=4)
+    o_intra, r, a, b = chunk_summaries(q, k, v, la, be, 0.5, 4)
+    h0 = torch.randn(1, 2, 4, 3, dtype=F64)
+    o_ref, h_ref = gdn_recurrent(q, k, v, la, be, 0.5, h0)
+    torch.testing.assert_close((r[:, :, 0] @ h0 + o_intra[:, :, 0]).movedim(1, 2), o_ref)
+    torch.testing.assert_close(a[:, :, 0] @ h0 + b[:, :, 0], h_ref)
+
+
+def test_gates_of_one_reduce_to_gated_deltanet():
+    q, k, v, la, be = inputs(n=14)
+    ref, _ = gdn_recurrent(q, k, v, la, be, 0.5)
+    qp, kp, vp, lap, bep, n = pad_to_chunks(q, k, v, la, be, 4)
+    ones = torch.ones(2, 2, 4, 4, 4, dtype=F64)
+    torch.testing.assert_close(hla_chunked(qp, kp, vp, lap, bep, ones, 0.5, 4)[:, :n], ref,
+                               rtol=1e-10, atol=1e-10)
+    # the module, too: learned gates replaced by ones == the same layer as plain GDN
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=4, pool=2).double()
+    x = torch.randn(2, 14, 16, dtype=F64)
+    ones = torch.ones(2, 2, 4, 4, 4, dtype=F64)
+    torch.testing.assert_close(m(x, gates_override=ones), m.forward_gdn(x), rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(m(x), m.forward_gdn(x))                 # learned gates are not all 1
+
+
+def test_gates_lie_in_unit_interval_and_cover_only_past_chunks():
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=4, pool=2).double()
+    for scale in (1.0, 100.0):
+        with torch.no_grad():
+            m.route_q.mul_(scale)
+        x = torch.randn(2, 16, 16, dtype=F64) * scale
+        q, k, *_ = m.gdn_inputs(x)
+        g = m.gates(q, k)
+        assert g.shape == (2, 2, 4, 4, 4)
+        assert bool((g >= 0).all()) and bool((g <= 1).all())
+        future_or_current = torch.ones(4, 4, dtype=torch.bool).triu()[:, None, :].expand(4, 4, 4)
+        assert bool((g[..., future_or_current] == 0).all())
+        assert bool((g[:, :, 1:, :, 0] > 0).all())                     # past chunks get a positive gate
+
+
+def test_sparse_walk_equals_dense_when_all_kept_and_zero_gates_when_skipped():
+    q, k, v, la, be = inputs(n=20)
+    gates = torch.rand(2, 2, 5, 4, 5, generator=torch.Generator().manual_seed(3), dtype=F64)
+    dense = hla_chunked(q, k, v, la, be, gates, 0.5, 4)
+    keep_all = select_chunks(gates)
+    torch.testing.assert_close(hla_chunked(q, k, v, la, be, gates, 0.5, 4, keep=keep_all), dense)
+    torch.testing.assert_close(hla_chunked(q, k, v, la, be, gates, 0.5, 4,
+                                           keep=select_chunks(gates, threshold=0.0)), dense)
+    keep = select_chunks(gates, top_k=2)
+    assert int(keep.sum(-1).max()) == 2
+    zeroed = gates * keep[:, :, :, None, :].to(F64)                   # skipping == gate 0
+    torch.testing.assert_close(hla_chunked(q, k, v, la, be, gates, 0.5, 4, keep=keep),
+                               hla_chunked(q, k, v, la, be, zeroed, 0.5, 4), rtol=1e-10, atol=1e-10)
+
+
+def test_regularisers_on_a_hand_case():
+    # 6 chunks of 2 tokens; only chunk 5 reads its 5 past chunks, all at gate 1 (sum 5, uniform p:
+    # effective support 5); chunks 1-4 read nothing (sum 0, support 0). 10 tokens have a past.
+    gates = torch.zeros(1, 1, 6, 2, 6, dtype=F64)
+    gates[0, 0, 5, :, :5] = 1.0
+    reg = gate_regularisers(gates)
+    assert reg["budget"].item() == pytest.approx(0.005 * ((5 - 3) / 3) ** 2 * 2 / 10)
+    assert reg["support"].item() == pytest.approx(0.001 * (5 - 2) ** 2 * 2 / 10)
+    assert reg["binary"].item() == pytest.approx(0.0)
+    assert reg["total"].item() == pytest.approx(reg["budget"].item() + reg["support"].item())
+    # chunk 1 reads chunk 0 at 0.5: under budget, support 1, binary 0.001 * 0.25
+    per_chunk = torch.tensor([[0.0, 0.0], [0.5, 0.0]], dtype=F64)    # (query chunk, past chunk)
+    reg = gate_regularisers(per_chunk[None, None, :, None, :].expand(1, 1, 2, 3, 2))
+    assert reg["budget"].item() == 0.0
+    assert reg["support"].item() == 0.0
+    assert reg["binary"].item() == pytest.approx(0.001 * 0.25)
+
+
+def test_aux_loss_trains_the_router():
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=4, pool=2)
+    m(torch.randn(2, 24, 16), return_aux=True)
+    m.aux_losses["total"].backward()
+    assert m.route_q.grad is not None and m.route_q.grad.abs().sum() > 0
+    assert m.pool_k.grad is not None and m.pool_k.grad.abs().sum() > 0
+
+
+def test_right_padding_changes_no_real_token():
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=4, pool=2).double()
+    x = torch.randn(1, 9, 16, dtype=F64)
+    ref = m(x)
+    padded = torch.cat([x, torch.randn(1, 6, 16, dtype=F64)], 1)
+    mask = torch.tensor([[1] * 9 + [0] * 6])
+    torch.testing.assert_close(m(padded, attention_mask=mask)[:, :9], ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-linear-attention needs CUDA")
+def test_fla_summaries_match_torch():
+    pytest.importorskip("fla")
+    q, k, v, la, be = (t.float().cuda() for t in inputs(b=2, n=128, h=2, dk=64, dv=64))
+    ref = chunk_summaries(q, k, v, la, be, 0.125, 64, backend="torch")
+    got = chunk_summaries(q, k, v, la, be, 0.125, 64, backend="fla")
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

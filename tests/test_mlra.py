@@ -1,0 +1,144 @@
+"""MLRA-2 / MLRA-4: shapes and scalings as specified, an independent per-branch oracle, decoding
+with the latent cache equal to the full forward, and masks."""
+
+import math
+
+import pytest
+import torch
+
+from mediagen.attention.mlra import MLRAttention
+
+D, H = 64, 4
+
+
+def make(branches, **kw):
+    torch.manual_seed(0)
+    m = MLRAttention(D, H, branches=branches, **kw).double()
+    torch.nn.init.normal_(m.out_proj.weight, std=0.1)                 # zero-init would hide errors
+    for norm in m.kv_norms:
+        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+    return m
+
+
+def oracle(m: MLRAttention, x):
+    """MLRA written out branch by branch, head by head, from the module's weights."""
+    b, n, _ = x.shape
+    dh, dr, dl = m.head_dim, m.rope_dim, m.latent_dim
+    pos = torch.arange(n, dtype=torch.float64)
+    inv = 10000.0 ** (-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
+    ang = pos[:, None] * inv
+    cos, sin = ang.cos(), ang.sin()
+
+    def rot(t):                                                        # t (B, N, dr)
+        t1, t2 = t[..., : dr // 2], t[..., dr // 2:]
+        return torch.cat([t1 * cos - t2 * sin, t1 * sin + t2 * cos], -1)
+
+    cq = m.q_down(x)
+    cq = cq / cq.pow(2).mean(-1, keepdim=True).add(m.q_norm.eps).sqrt() * m.q_norm.weight * math.sqrt(D / m.q_latent)
+    q = m.q_up(cq).view(b, n, H, dh + dr)
+    kv = m.kv_down(x)
+    lat = [kv[..., i * dl:(i + 1) * dl] for i in range(4)]
+    lat = [c / c.pow(2).mean(-1, keepdim=True).add(m.kv_norms[i].eps).sqrt() * m.kv_norms[i].weight
+           * math.sqrt(4 * D / m.kv_latent) for i, c in enumerate(lat)]
+    k_rope = rot(kv[..., m.kv_latent:])
+    up = m.kv_up.view(4, dl, m.heads_per_latent, 2, dh)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    out = torch.zeros(b, n, H, dh, dtype=x.dtype)
+    for branch in range(m.branches):
+        for h in range(H):
+            if m.branches == 4:
+                latent, col = branch, h
+            else:                                                      # MLRA-2: latents (2b, 2b+1) split the heads
+                latent, col = 2 * branch + (h >= H // 2), h % (H // 2)
+            k = torch.cat([lat[latent] @ up[latent, :, col, 0], k_rope], -1)
+            v = lat[latent] @ up[latent, :, col, 1]
+            qh = torch.cat([q[:, :, h, :dh], rot(q[:, :, h, dh:])], -1)
+            s = (qh @ k.transpose(1, 2)) / math.sqrt(dh + dr)
+            p = torch.softmax(s.masked_fill(~causal, -math.inf), -1)
+            out[:, :, h] += (p @ v) / math.sqrt(m.branches)
+    return m.out_proj(out.flatten(-2))
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_shapes_and_scalings(branches):
+    m = MLRAttention(D, H, branches=branches)
+    dh = D // H
+    assert m.latent_dim == m.kv_latent // 4 == dh                     # d_c = 4 d_h by default
+    assert m.rope_dim == dh // 2
+    assert m.q_scale == pytest.approx(math.sqrt(D / m.q_latent))
+    assert m.kv_scale == pytest.approx(math.sqrt(4 * D / m.kv_latent))
+    assert m.branch_scale == pytest.approx(0.5 if branches == 4 else 1 / math.sqrt(2))
+    hp = H if branches == 4 else H // 2
+    assert m.kv_up.shape == (4, dh, hp * 2 * dh)
+    assert len(m.kv_norms) == 4 and all(n.normalized_shape == (dh,) for n in m.kv_norms)
+    assert torch.count_nonzero(m.out_proj.weight) == 0                # zero-initialised output
+    x = torch.randn(2, 5, D)
+    assert m(x).shape == (2, 5, D) and torch.count_nonzero(m(x)) == 0
+    # cache: 4.5 d_h values per token and layer, bf16 = 2 bytes each
+    assert m.kv_cache_bytes_per_token(torch.bfloat16) == int(4.5 * dh) * 2
+    cache = m.new_cache(1, 8, dtype=torch.bfloat16)
+    assert cache.nbytes_per_token() == m.kv_cache_bytes_per_token(torch.bfloat16)
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_forward_matches_branchwise_oracle(branches):
+    m = make(branches)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    torch.testing.assert_close(m(x), oracle(m, x), rtol=1e-10, atol=1e-10)
+
+
+def test_mlra2_and_mlra4_differ():
+    x = torch.randn(1, 6, D, dtype=torch.float64)
+    assert not torch.allclose(make(2)(x), make(4)(x))
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_latent_heads_have_their_own_norm(branches):
+    """Scaling one latent head's down-projection leaves the output unchanged (its own RMSNorm)."""
+    m = make(branches, eps=1e-30)
+    x = torch.randn(1, 6, D, dtype=torch.float64)
+    ref = m(x)
+    with torch.no_grad():
+        m.kv_down.weight[m.latent_dim: 2 * m.latent_dim] *= 7.0
+    torch.testing.assert_close(m(x), ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_decode_with_latent_cache_equals_full_forward(branches):
+    m = make(branches)
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    full = m(x)
+    cache = m.new_cache(2, 16)
+    steps = torch.cat([m(x[:, t:t + 1], cache=cache) for t in range(9)], dim=1)
+    torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
+    assert set(cache.buffers) == {"latents", "rope_keys"}             # latents only, no K/V
+    cache = m.new_cache(2, 16)
+    pre = m(x[:, :4], cache=cache)
+    rest = [m(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat([pre, *rest], 1), full, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="capacity"):
+        small = m.new_cache(2, 2)
+        m(x[:, :3], cache=small)
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_padding_does_not_change_real_tokens(branches):
+    m = make(branches)
+    x = torch.randn(1, 5, D, dtype=torch.float64)
+    ref = m(x)
+    # right padding: causal attention never sees it
+    xr = torch.cat([x, torch.randn(1, 3, D, dtype=torch.float64)], 1)
+    mask = torch.tensor([[1] * 5 + [0] * 3])
+    torch.testing.assert_close(m(xr, attention_mask=mask)[:, :5], ref)
+    # left padding through an explicit mask (positions shift, so pass the real positions)
+    xl = torch.cat([torch.randn(1, 3, D, dtype=torch.float64), x], 1)
+    mask = torch.tensor([[0] * 3 + [1] * 5])
+    pos = torch.tensor([0, 0, 0, 0, 1, 2, 3, 4])
+    torch.testing.assert_close(m(xl, attention_mask=mask, positions=pos)[:, 3:], ref)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="branches"):
+        MLRAttention(D, H, branches=3)
+    with pytest.raises(ValueError, match="even number of heads"):
+        MLRAttention(60, 3, branches=2)
