@@ -1,0 +1,94 @@
+"""DiT-XL/2 images per second for one sampling step (a CFG-batched forward), sdpa vs mhla vs linear,
+eager and torch.compile, at 256 px (32x32 latents, 256 tokens) and 512 px (64x64, 1024 tokens).
+
+Uses diffusers' stock ``DiTTransformer2DModel`` (random weights) converted by ``mediagen.convert``.
+
+    python benchmarks/dit_images.py                 # both sizes, batch 32 images (64 with CFG)
+    python benchmarks/dit_images.py --tiny          # CPU smoke run of the whole script
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_timing import device_name, graph_breaks, markdown_table, reset_compiler, time_ms  # noqa: E402
+
+import mediagen  # noqa: E402
+from mediagen.models.presets import build_transformer  # noqa: E402
+
+VARIANTS = ("sdpa", "mhla", "linear")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny DiT on CPU in fp32: checks the script runs")
+    ap.add_argument("--presets", default="dit-xl-2-256,dit-xl-2-512")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--blocks", default=None, help="MHLA blocks, e.g. 4,4 (default: auto from the grid)")
+    ap.add_argument("--batch", type=int, default=32, help="images per step (the forward sees 2x with CFG)")
+    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", default=None, help="also append the table to this markdown file")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        device, dtype = torch.device("cpu"), torch.float32
+        args.presets, args.batch, args.warmup, args.iters = "dit-tiny", 2, 1, 1
+        args.compile_backend = "eager" if args.compile_backend == "inductor" else args.compile_backend
+    else:
+        if not torch.cuda.is_available():
+            ap.error("no CUDA GPU visible: run with --tiny for a CPU smoke run")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+    modes = [m for m in args.modes.split(",") if m]
+    variants = [v for v in args.variants.split(",") if v]
+    if any(v not in VARIANTS for v in variants) or any(m not in ("eager", "compile") for m in modes):
+        ap.error(f"--variants must be from {VARIANTS}, --modes from eager,compile")
+    print(f"device: {device_name(device)}, dtype {dtype}, torch {torch.__version__}", flush=True)
+    torch.manual_seed(0)
+    rows = []
+    for name in args.presets.split(","):
+        with torch.device(device):
+            model = build_transformer(name).to(dtype).eval()
+        cfg = model.config
+        side = cfg.sample_size // cfg.patch_size
+        blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else mediagen.models.auto_blocks((side, side))
+        n = 2 * args.batch
+        x = torch.randn(n, cfg.in_channels, cfg.sample_size, cfg.sample_size, device=device, dtype=dtype)
+        t = torch.full((n,), 500, device=device)
+        y = torch.randint(0, cfg.num_embeds_ada_norm, (n,), device=device)
+        base = {}
+        for mode in modes:
+            for variant in variants:
+                mediagen.convert(model, variant, blocks=blocks)
+                reset_compiler()
+                fn = torch.compile(model, backend=args.compile_backend) if mode == "compile" else model
+
+                def step():
+                    with torch.no_grad():
+                        fn(x, timestep=t, class_labels=y, return_dict=False)
+
+                ms = time_ms(step, device, args.warmup, args.iters)
+                ips = args.batch / (ms / 1e3)
+                base.setdefault(mode, ips if variant == "sdpa" else None)
+                rel = f"{ips / base[mode]:.2f}x" if base.get(mode) else "-"
+                rows.append([name, side * side, "x".join(map(str, blocks)), variant, mode, f"{ms:.2f}",
+                             f"{ips:.0f}", rel, graph_breaks() if mode == "compile" else "-"])
+                print(rows[-1], flush=True)
+        del model
+    header = ["model", "tokens", "blocks", "variant", "mode", "ms/step", "images/s", "vs sdpa", "graph breaks"]
+    table = markdown_table(header, rows)
+    title = f"### DiT sampling step, {args.batch} images (CFG batch {2 * args.batch})"
+    print(f"\n{title}\n\n{table}")
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.write(f"\n## DiT images/s ({device_name(device)}, {dtype})\n\n{title}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
