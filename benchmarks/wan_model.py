@@ -12,6 +12,7 @@ Prints markdown tables (append them to benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from mediagen.models.latent_grid import LatentGrids  # noqa: E402
 from mediagen.models.presets import build_transformer, preset  # noqa: E402
 from mediagen.models.processors import WanMHLAProcessor  # noqa: E402
 
-VARIANTS = ("sdpa", "mhla", "hybrid", "no-self-attn")
+VARIANTS = ("sdpa", "sdpa-flash", "mhla", "hybrid", "no-self-attn")
 
 
 class NoSelfAttention:
@@ -38,6 +39,13 @@ class NoSelfAttention:
 
 
 def set_variant(model, variant: str, grid, blocks):
+    """sdpa lets torch pick its backend (cuDNN on an H200); sdpa-flash forces FlashAttention: the
+    flash_attn package when it imports, else torch's flash backend."""
+    model.reset_attention_backend()
+    if variant == "sdpa-flash":
+        mediagen.convert(model, "sdpa")
+        model.set_attention_backend("flash" if importlib.util.find_spec("flash_attn") else "_native_flash")
+        return
     if variant == "no-self-attn":
         mediagen.convert(model, "sdpa")
         for block in model.blocks:
@@ -139,7 +147,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU in fp32: checks the script runs")
     ap.add_argument("--sizes", default=None, help="comma list of FRAMESxHEIGHTxWIDTH (default 81x480x832,81x720x1280)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="sdpa,mhla,hybrid,no-self-attn", help=f"comma list from {VARIANTS}")
     ap.add_argument("--blocks", default=None, help="MHLA blocks, e.g. 3,5,10 (default: auto from the grid)")
     ap.add_argument("--text-len", type=int, default=512)
     ap.add_argument("--modes", default="eager,compile", help="eager, compile or both (comma list)")
