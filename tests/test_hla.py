@@ -10,6 +10,15 @@ from mediagen.kernels.hla import (chunk_summaries, gate_regularisers, gated_delt
                                   hla_chunked, hla_recurrent, select_chunks)
 from mediagen.kernels.hla.chunk import pad_to_chunks
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small CPU ops run faster on one thread, and much faster on a loaded 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 F64 = torch.float64
 
 
@@ -93,6 +102,7 @@ def test_sparse_walk_equals_dense_when_all_kept_and_zero_gates_when_skipped():
     torch.testing.assert_close(hla_chunked(q, k, v, la, be, gates, 0.5, 4, keep=keep_all), dense)
     torch.testing.assert_close(hla_chunked(q, k, v, la, be, gates, 0.5, 4,
                                            keep=select_chunks(gates, threshold=0.0)), dense)
+
     keep = select_chunks(gates, top_k=2)
     assert int(keep.sum(-1).max()) == 2
     zeroed = gates * keep[:, :, :, None, :].to(F64)                   # skipping == gate 0

@@ -1,0 +1,144 @@
+"""Text encoders: MiniLM through SDPA (real weights, offline), the causal MediagenTextEncoder with
+each attention, save/load, padding, edge-case prompts, initialisation from MiniLM and distillation."""
+
+import warnings
+
+import pytest
+import torch
+
+from mediagen.models.text_encoders import (ATTENTIONS, DistillConfig, MediagenTextEncoder, PromptEncoder, distill,
+                                           encoder_from_minilm, load_minilm, load_minilm_tokenizer,
+                                           load_text_encoder, make_prompts, sentence_similarity)
+from mediagen.models.text_encoders.distill import distillation_loss
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small CPU ops run faster on one thread, and much faster on a loaded 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+TINY = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, hla_chunk=4,
+            hla_pool=2)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_minilm_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return load_text_encoder("minilm")
+
+
+def tiny(attention, **kw):
+    torch.manual_seed(0)
+    model = MediagenTextEncoder(attention=attention, **{**TINY, **kw}).eval()
+    if attention.startswith("mlra"):                                   # zero-init output would hide masking bugs
+        for layer in model.layers:
+            torch.nn.init.normal_(layer.attn.out_proj.weight, std=0.2)
+    return model
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_save_load_round_trip(attention, tmp_path, tokenizer):
+    model = tiny(attention)
+    enc = PromptEncoder(tokenizer, model, kind="mediagen")
+    emb, mask = enc.encode(["a red fox in the snow", ""], max_length=12)
+    enc.save_pretrained(tmp_path)
+    assert (tmp_path / "diffusion_pytorch_model.safetensors").is_file()
+    again = load_text_encoder(str(tmp_path))
+    assert again.model.config.attention == attention
+    emb2, mask2 = again.encode(["a red fox in the snow", ""], max_length=12)
+    torch.testing.assert_close(emb2, emb)
+    assert torch.equal(mask2, mask)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_padding_changes_no_real_token(attention, tokenizer):
+    enc = PromptEncoder(tokenizer, tiny(attention), kind="mediagen")
+    short = "a cat"
+    long = "a very long prompt about a lighthouse on a cliff at night with waves and a storm"
+    alone, mask_alone = enc.encode([short], padding="longest")
+    both, mask = enc.encode([short, long], max_length=40)
+    n = int(mask_alone.sum())
+    torch.testing.assert_close(both[0, :n], alone[0, :n], rtol=1e-5, atol=1e-5)
+    assert int(mask[0].sum()) == n
+    assert torch.count_nonzero(both[0, n:]) == 0                       # padded outputs are zero
+    out = enc.model(*enc.tokenize([short, long], max_length=40))
+    assert out.last_hidden_state.shape == (2, 40, 32) and out.attention_mask.shape == (2, 40)
+
+
+def test_minilm_padding_and_shapes(minilm):
+    alone, mask_alone = minilm.encode("a cat", padding="longest")
+    both, mask = minilm.encode(["a cat", "a lighthouse on a cliff at night, oil painting"], max_length=77)
+    n = int(mask_alone.sum())
+    assert both.shape == (2, 77, 384) and mask.shape == (2, 77)
+    torch.testing.assert_close(both[0, :n], alone[0, :n], rtol=1e-4, atol=1e-5)
+    assert minilm.model.config._attn_implementation == "sdpa"
+
+
+def test_empty_and_too_long_prompts(minilm):
+    emb, mask = minilm.encode(["", None, "ok"], max_length=8)
+    assert emb.shape == (3, 8, 384) and torch.isfinite(emb).all()
+    assert mask[:, :2].all() and int(mask[0].sum()) == 2                # [CLS] [SEP]
+    with pytest.warns(UserWarning, match="prompt 1 has .* tokens.*truncated to 16"):
+        emb, mask = minilm.encode(["short", "word " * 100], max_length=16)
+    assert emb.shape == (2, 16, 384) and int(mask[1].sum()) == 16
+    with pytest.raises(ValueError, match="max_length=600 exceeds"):
+        minilm.encode("x", max_length=600)
+    with pytest.raises(ValueError, match="empty list"):
+        minilm.encode([])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                  # a fitting prompt warns nothing
+        minilm.encode("a short prompt", max_length=16)
+
+
+def test_unknown_encoder_is_a_clear_error():
+    with pytest.raises(ValueError, match="could not be loaded"):
+        load_text_encoder("no-such-org/no-such-text-encoder")
+    with pytest.raises(ValueError, match="attention='flash'"):
+        MediagenTextEncoder(attention="flash")
+
+
+def test_sdpa_init_copies_minilm_exactly_where_causal_cannot_matter(minilm):
+    student = encoder_from_minilm("sdpa")
+    ids = torch.tensor([[101]])                                         # one token: causal == bidirectional
+    ref = minilm.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(student(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["mlra2", "mlra4"])
+def test_mlra_init_from_minilm_is_close(attention, minilm, tokenizer):
+    student = encoder_from_minilm(attention, calibration_prompts=32)
+    prompts = make_prompts(16, "heldout")
+    sim = sentence_similarity(student, minilm.model, tokenizer, prompts)
+    base = sentence_similarity(MediagenTextEncoder(attention=attention, **{k: v for k, v in TINY.items()
+                                                                          if k.startswith("hla")},
+                                                   hidden_size=384, num_heads=12).eval(),
+
+                               minilm.model, tokenizer, prompts)
+    assert sim > 0.6 and sim > base + 0.3                              # SVD latents carry MiniLM over
+
+
+def test_distillation_reduces_the_loss(minilm, tokenizer):
+    student = encoder_from_minilm("hla", hla_chunk=8, hla_pool=4)
+    prompts = make_prompts(64, "train")
+    batch = tokenizer(prompts[:16], padding=True, return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+
+    def loss():
+        with torch.no_grad():
+            target = minilm.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            return distillation_loss(student(ids, mask).last_hidden_state, target, mask)[0].item()
+
+    before = loss()
+    history = distill(student, minilm.model, tokenizer,
+                      DistillConfig(steps=8, batch_size=8, lr=1e-3, max_length=32, log_every=1),
+                      prompts=prompts, progress=False)
+    assert len(history) == 8 and all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
+    assert loss() < 0.9 * before
+    assert not student.training
