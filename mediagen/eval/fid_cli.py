@@ -22,8 +22,8 @@ def register(sub):
                         ".npz written by --save-reference-stats (default: mnist)")
     p.add_argument("--features", choices=sorted(FEATURES), default=None,
                    help="feature network: mnist (128-d, digits), effnet-lite0 (1280-d ImageNet CNN), inception "
-                        "(clean-fid's 2048-d Inception-v3; needs its weights file). Default: mnist when the "
-                        "reference is mnist, else effnet-lite0")
+                        "(clean-fid's 2048-d Inception-v3; needs its weights file). Default: mnist for the mnist "
+                        "reference, the features a statistics file was made with, else effnet-lite0")
     p.add_argument("--num-samples", type=int, default=None,
                    help="samples to score (default: all of --samples; 1000 from a checkpoint)")
     p.add_argument("--inception-weights", default=None, help="local path of inception-2015-12-05.pt")
@@ -55,7 +55,7 @@ def run(args) -> int:
 
     for name in ("num_samples", "batch_size", "reference_num", "kid_subsets", "kid_subset_size"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
-    features = args.features or ("mnist" if args.reference == "mnist" else "effnet-lite0")
+    features = args.features or default_features(args.reference)
     progress = not args.quiet
     t0 = time.perf_counter()
 
@@ -104,6 +104,19 @@ def run(args) -> int:
             json.dump(result, fh, indent=2)
         print(f"wrote {args.out}")
     return 0
+
+
+def default_features(reference: str) -> str:
+    """mnist for the mnist reference, the features a statistics file was made with, else effnet-lite0."""
+    if reference == "mnist":
+        return "mnist"
+    if reference.endswith(".npz") and os.path.isfile(reference):
+        import numpy as np
+
+        with np.load(reference, allow_pickle=False) as data:
+            if "features" in data and str(data["features"]) in FEATURES:
+                return str(data["features"])
+    return "effnet-lite0"
 
 
 def _read_lines(path):

@@ -1,0 +1,145 @@
+"""FID and KID: agreement with clean-fid on the same features, sanity on real and noise images,
+clear errors, and the ``mediagen fid`` command."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mediagen.data import load_mnist10k
+from mediagen.eval.features import MissingWeightsError, get_extractor
+from mediagen.eval.fid import extract_features, fid_from_features, feature_stats, frechet_distance, kernel_distance
+
+
+@pytest.fixture(scope="module")
+def mnist_fx():
+    return get_extractor("mnist")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images, _ = load_mnist10k("all")
+    return images
+
+
+def test_fid_and_kid_match_clean_fid(tmp_path, mnist_fx, digits):
+    from cleanfid import fid as cfid
+
+    from mediagen.eval.image_io import load_images, save_images
+
+    a, b = digits[:300], digits[5000:5200]
+    save_images(a, tmp_path / "a")
+    save_images(b, tmp_path / "b")
+    theirs = cfid.compute_fid(str(tmp_path / "a"), str(tmp_path / "b"), mode="clean", num_workers=0,
+                              batch_size=64, device=torch.device("cpu"), custom_feat_extractor=mnist_fx,
+                              custom_fn_resize=mnist_fx.resize, verbose=False)
+    fa = extract_features(load_images(tmp_path / "a"), mnist_fx, progress=False)
+    fb = extract_features(b, mnist_fx, progress=False)  # arrays and PNG folders give the same features
+    mu_b, sig_b = feature_stats(fb)
+    ours = fid_from_features(fa, mu_b, sig_b)
+    assert ours == pytest.approx(theirs, rel=1e-6)
+    # KID: with subsets as large as the smaller set every subset of it is the whole set; compare on equal sizes
+    np.random.seed(0)
+    theirs_kid = cfid.kernel_distance(fa[:200], fb, num_subsets=3)
+    assert kernel_distance(fa[:200], fb, num_subsets=3) == pytest.approx(theirs_kid, rel=1e-9)
+
+
+def test_real_vs_real_small_real_vs_noise_large(mnist_fx, digits):
+    fa = extract_features(digits[:1000], mnist_fx, progress=False)
+    fb = extract_features(digits[5000:7000], mnist_fx, progress=False)
+    noise = np.random.default_rng(0).integers(0, 256, (500, 28, 28), dtype=np.uint8)
+    fn = extract_features(noise, mnist_fx, progress=False)
+    mu_b, sig_b = feature_stats(fb)
+    real = fid_from_features(fa, mu_b, sig_b)
+    fake = fid_from_features(fn, mu_b, sig_b)
+    assert 0 <= real < 0.01 * fake, (real, fake)  # measured: about 5 against 2,700
+    assert kernel_distance(fa, fb, 5, 500) < 0.05 * kernel_distance(fn, fb, 5, 500)
+
+
+def test_frechet_distance_exact_cases():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 8))
+    mu, sig = feature_stats(x)
+    assert frechet_distance(mu, sig, mu, sig) == pytest.approx(0.0, abs=1e-9)
+    # Gaussians N(0, I) and N(m, 4I): |m|^2 + d + 4d - 2 * 2d = |m|^2 + d
+    m = np.arange(8.0)
+    assert frechet_distance(np.zeros(8), np.eye(8), m, 4 * np.eye(8)) == pytest.approx(m @ m + 8)
+    # a singular covariance (features constant in some dimensions) is fine: no complex sqrtm
+    sig_singular = np.diag([1.0, 2.0, 0, 0, 0, 0, 0, 0])
+    assert np.isfinite(frechet_distance(mu, sig, mu, sig_singular))
+
+
+def test_fewer_samples_than_dims_is_a_clear_error():
+    feats = np.random.default_rng(0).normal(size=(100, 1280))
+    with pytest.raises(ValueError, match=r"more samples than the feature dimension: got 100 samples .*1280"):
+        fid_from_features(feats, np.zeros(1280), np.eye(1280), "effnet-lite0")
+
+
+def test_cli_few_samples_errors_before_any_work(tmp_path, capsys, digits):
+    from mediagen.cli import main
+
+    npz = tmp_path / "s.npz"
+    np.savez(npz, images=digits[:50])
+    rc = main(["fid", "--samples", str(npz), "--features", "effnet-lite0", "--out", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "more samples than the feature dimension" in err and "Imaginary" not in err
+    rc = main(["fid", "--samples", str(npz), "--features", "effnet-lite0", "--num-samples", "1000"])
+    assert rc == 2 and "at least 1281" in capsys.readouterr().err
+
+
+def test_inception_offline_error_names_the_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("MEDIAGEN_INCEPTION_WEIGHTS", raising=False)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    with pytest.raises(MissingWeightsError, match=r"inception-2015-12-05\.pt.*~/.cache/mediagen"):
+        get_extractor("inception")
+    from mediagen.cli import main
+
+    rc = main(["fid", "--samples", str(tmp_path), "--features", "inception", "--inception-weights",
+               str(tmp_path / "nope.pt")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "inception-2015-12-05.pt" in err and "nvlabs" in err
+
+
+def test_effnet_lite0_is_the_real_imagenet_network():
+    """Grace Hopper (matplotlib's sample photo) is classified as 'military uniform' (ImageNet 652)."""
+    import matplotlib
+    from PIL import Image
+
+    path = f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg"
+    img = np.asarray(Image.open(path).convert("RGB"))
+    fx = get_extractor("effnet-lite0")
+    x = torch.from_numpy(fx.resize(img)).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        logits = fx.model((x - 127.0) / 128.0)
+    assert logits.argmax().item() == 652
+    assert fx(x).shape == (1, 1280)
+
+
+def test_fid_cli_on_samples_with_mnist_reference(tmp_path, digits):
+    from mediagen.cli import main
+
+    npz = tmp_path / "samples.npz"
+    np.savez(npz, images=digits[8000:8400])
+    out, stats = tmp_path / "fid.json", tmp_path / "ref.npz"
+    rc = main(["fid", "--samples", str(npz), "--reference", "mnist", "--reference-num", "1000",
+               "--save-reference-stats", str(stats), "--out", str(out), "--quiet"])
+    assert rc == 0
+    first = json.loads(out.read_text())
+    assert first["features"] == "mnist" and first["num_samples"] == 400 and first["num_reference"] == 1000
+    # real digits against real digits: about 15 at these sample sizes; uniform noise gives about 2,700
+    assert 0 <= first["fid"] < 40 and first["kid"] is not None
+    # the saved statistics give the same FID; a stats file made with other features is refused
+    rc = main(["fid", "--samples", str(npz), "--reference", str(stats), "--out", str(out), "--quiet"])
+    assert rc == 0 and json.loads(out.read_text())["fid"] == pytest.approx(first["fid"], rel=1e-9)
+    other = tmp_path / "other.npz"
+    np.savez(other, mu=np.zeros(128), sigma=np.eye(128), features=np.array("inception"))
+    assert main(["fid", "--samples", str(npz), "--reference", str(other), "--features", "mnist"]) == 2
+
+
+def test_checkpoint_without_pipeline_is_a_clear_error(tmp_path, capsys):
+    from mediagen.cli import main
+
+    rc = main(["fid", "--checkpoint", str(tmp_path / "missing"), "--num-samples", "200", "--quiet"])
+    assert rc == 2 and "--checkpoint" in capsys.readouterr().err
