@@ -32,7 +32,13 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
         grid: the token grid the model will mostly run at, used to choose and check ``blocks``.
         feature_map, normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope:
             MHLA options, see ``AttentionSpec``.
+
+    The official Wan2.1 MHLA recipe is ``attention="wan-mhla-h", rope="features", out_norm=True``.
+    Softmax layers keep the stock processor; to force FlashAttention there use diffusers'
+    ``model.set_attention_backend("flash")`` (Wan). Mc stays in [0, 1] during training with
+    ``mediagen.attention.register_mix_clipping(optimizer, model)``.
     """
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: convert what it wraps
     if hasattr(model, "components") and hasattr(model, "register_modules"):  # a DiffusionPipeline
         kwargs = dict(attention=attention, blocks=blocks, layers=layers, grid=grid, feature_map=feature_map,
                       normalize=normalize, eps=eps, scale=scale, per_head_mix=per_head_mix, out_norm=out_norm,
