@@ -150,10 +150,14 @@ class MLRAttention(nn.Module):
         return self.out_proj(o.flatten(-2))
 
     def _attend(self, q, k, v, mask, is_causal):
-        # SDPA takes q.k width != v width; scale is explicit because the rope dims are included
+        # scale is explicit because the rope dims are included. V is zero-padded to the q/k width:
+        # flash kernels want one head dim, and without them a 32K-token call falls back to O(N^2) memory
+        dv = v.shape[-1]
+        if dv != q.shape[-1]:
+            v = F.pad(v, (0, q.shape[-1] - dv))
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask, is_causal=is_causal, scale=self.attn_scale)
-        return o.transpose(1, 2)
+        return o.transpose(1, 2)[..., :dv]
 
     # ---- decoding with weight absorption and a latent-only cache ----
 
@@ -179,12 +183,14 @@ class MLRAttention(nn.Module):
         else:
             q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
         q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
-        scores = torch.einsum("blhd,btld->blht", q_abs, c)           # (B, 4, hp, T)
+        # per latent head a (hp x d_l) @ (d_l x T) product on a strided view of the cache (no copy)
+        scores = torch.stack([q_abs[:, i] @ c[:, :, i].transpose(1, 2) for i in range(LATENT_HEADS)], 1)
         scores = self._latent_to_branch_heads(scores)                # (B, nb, H, T)
-        scores = scores + torch.einsum("bhr,btr->bht", q_rope[:, 0], k_rope)[:, None]
+        scores = scores + (q_rope[:, 0] @ k_rope.transpose(1, 2))[:, None]
         p = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)) * self.attn_scale,
                           dim=-1).to(c.dtype)
-        ctx = torch.einsum("blht,btld->blhd", self._branch_heads_to_latent(p), c)  # latent-space sum
+        p = self._branch_heads_to_latent(p)                           # (B, 4, hp, T)
+        ctx = torch.stack([p[:, i] @ c[:, :, i] for i in range(LATENT_HEADS)], 1)  # latent-space sum
         o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
         o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
         return self.out_proj(o.flatten(-2))[:, None]

@@ -172,11 +172,14 @@ def gated_delta_rule_chunked(q, k, v, log_alpha, beta, scale: float | None = Non
 
 
 def hla_chunked(q, k, v, log_alpha, beta, gates, scale: float | None = None, chunk: int = 256,
-                backend: str = "torch", keep=None):
-    """HLA output (B,N,H,V). gates (B,H,nC,C,nC) over the padded length (see ``hla_walk``);
-    ``keep`` (B,H,nC,nC) switches to the sparse walk over kept chunk pairs."""
+                backend: str = "torch", keep=None, walk_dtype=None):
+    """HLA output (B,N,H,V) in q's dtype. gates (B,H,nC,C,nC) over the padded length (see
+    ``hla_walk``); ``keep`` (B,H,nC,nC) switches to the sparse walk over kept chunk pairs.
+    The walk runs in ``walk_dtype`` (default q's dtype: bf16 GEMMs on a GPU, fp64 in tests)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v, log_alpha, beta, n = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
-    summaries = chunk_summaries(q, k, v, log_alpha, beta, scale, chunk, backend)
+    walk_dtype = walk_dtype or q.dtype
+    summaries = [t.to(walk_dtype) for t in chunk_summaries(q, k, v, log_alpha, beta, scale, chunk, backend)]
+    gates = gates.to(walk_dtype)
     o = hla_walk(*summaries, gates) if keep is None else hla_walk_sparse(*summaries, gates, keep)
-    return _unchunked(o)[:, :n]
+    return _unchunked(o)[:, :n].to(q.dtype)

@@ -27,14 +27,15 @@ def bucket_representatives(k, w_k, w_v, w_o, chunk: int, pool: int):
     return torch.einsum("bhcpd,hde->bhcpe", pooled, w_o)
 
 
-def chunk_gates(q_route, reps, chunk: int, bias: float, block: int = 16):
+def chunk_gates(q_route, reps, chunk: int, bias: float, max_elements: int = 2 ** 27):
     """Gates (B,H,nC,C,nC): sigmoid(log-mean-exp_p(q.rep_p / sqrt d) + bias) for past chunks, else 0.
 
-    q_route (B,N,H,D) with N = nC * C; reps (B,H,nC,nb,D). Scores are formed ``block`` query chunks
-    at a time so the (tokens x chunks x buckets) intermediate stays small at long lengths.
+    q_route (B,N,H,D) with N = nC * C; reps (B,H,nC,nb,D). Scores are formed a block of query chunks
+    at a time so the (tokens x chunks x buckets) intermediate stays under ``max_elements``.
     """
     b, n, h, d = q_route.shape
     nc = n // chunk
+    block = max(1, max_elements // max(1, b * h * chunk * reps.shape[2] * reps.shape[3]))
     qc = q_route.reshape(b, nc, chunk, h, d).movedim(3, 1)                   # (B,H,nC,C,D)
     keys = reps.flatten(2, 3)                                                # (B,H,nC*nb,D)
     nb = reps.shape[3]
