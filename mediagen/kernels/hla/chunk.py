@@ -50,8 +50,11 @@ def _unchunked(x):
 def chunk_summaries_torch(q, k, v, log_alpha, beta, scale: float, chunk: int):
     """Per-chunk affine summaries in plain PyTorch. N must be a multiple of ``chunk``.
 
-    Returns o_intra (B,H,nC,C,V), r (B,H,nC,C,K), A (B,H,nC,K,K), b (B,H,nC,K,V).
+    Returns o_intra (B,H,nC,C,V), r (B,H,nC,C,K), A (B,H,nC,K,K), b (B,H,nC,K,V); half-precision
+    inputs are computed in fp32 (the triangular solve needs it).
     """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        q, k, v, log_alpha, beta = (t.float() for t in (q, k, v, log_alpha, beta))
     qc, kc, vc = _chunked(q, chunk), _chunked(k, chunk), _chunked(v, chunk)
     g = _chunked(log_alpha, chunk).cumsum(-1)                        # G_t, (B,H,nC,C)
     bt = _chunked(beta, chunk)

@@ -1,0 +1,237 @@
+"""Text-encoder benchmarks: encoding latency per attention, decode latency per token with a cache
+(MLRA vs MHA), HLA chunk skipping's effect, and (optionally) distilled encoders' quality.
+
+Prints markdown tables (and appends them to --out). On a GPU:
+    python benchmarks/text_encoders.py --out benchmarks/RESULTS.md --distill-steps 1000
+On a CPU, end to end in about a minute with tiny shapes:
+    python benchmarks/text_encoders.py --tiny
+
+Work to expect: HLA's walk over all earlier chunks is about (N/C)^2/2 chunk pairs, each two
+(C x d) @ (d x d) GEMMs per head; at 32K tokens with C = 256 that is 8,128 pairs, roughly half the
+FLOPs of causal softmax attention (not a linear-time amount). ``hla-top8`` keeps the 8 past chunks
+with the largest mean gate per query chunk, so 8 walk steps instead of 127.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from mediagen.attention import MLRAttention, MultiHeadSelfAttention  # noqa: E402
+from mediagen.kernels.hla import fla_available  # noqa: E402
+from mediagen.models.text_encoders import MediagenTextEncoder  # noqa: E402
+
+# encoder variants: name -> MediagenTextEncoder config overrides
+VARIANTS = {
+    "sdpa": dict(attention="sdpa"),
+    "mlra2": dict(attention="mlra2"),
+    "mlra4": dict(attention="mlra4"),
+    "hla": dict(attention="hla"),
+    "hla-top8": dict(attention="hla", hla_top_k=8),
+    "hla-top4": dict(attention="hla", hla_top_k=4),
+}
+MINILM_SHAPE = dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
+TINY_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, hla_chunk=16, hla_pool=4)
+# decode shapes: (name, hidden, heads); MLRA defaults d_c = 4 d_h, d_r = d_h / 2
+DECODE_SHAPES = {"minilm 12x32": (384, 12), "lm 16x128": (2048, 16)}
+TINY_DECODE = {"tiny 4x8": (32, 4)}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, warmup: int, iters: int) -> float:
+    """Median milliseconds of fn() over ``iters`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_or_oom(fn):
+    try:
+        return fn()
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+
+
+def fmt(ms):
+    return "OOM" if ms is None else (f"{ms:.3f}" if ms < 10 else f"{ms:.1f}")
+
+
+def encoding_table(args, device, dtype, shape):
+    lines = ["| attention | batch | " + " | ".join(f"{n} tok (ms)" for n in args.lengths) + " |",
+             "|---|---|" + "---|" * len(args.lengths)]
+    for name in args.attentions:
+        torch.manual_seed(0)
+        model = MediagenTextEncoder(**{**shape, **VARIANTS[name]}).to(device=device, dtype=dtype).eval()
+        for batch in args.batches:
+            row = []
+            for n in args.lengths:
+                ids = torch.randint(1000, 2000, (batch, n), device=device)
+
+                def fwd():
+                    with torch.no_grad():
+                        model(ids)
+                row.append(fmt(run_or_oom(lambda: timed(fwd, device, args.warmup, args.iters))))
+            lines.append(f"| {name} | {batch} | " + " | ".join(row) + " |")
+            print(lines[-1], flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return lines
+
+
+def decode_table(args, device, dtype, shapes):
+    lines = ["| shape | attention | cache bytes/token/layer | batch | " +
+             " | ".join(f"{c // 1024}K ctx (ms)" if c >= 1024 else f"{c} ctx (ms)" for c in args.contexts) + " |",
+             "|---|---|---|---|" + "---|" * len(args.contexts)]
+    for shape_name, (hidden, heads) in shapes.items():
+        torch.manual_seed(0)
+        layers = {"mha": MultiHeadSelfAttention(hidden, heads), "mlra2": MLRAttention(hidden, heads, branches=2),
+                  "mlra4": MLRAttention(hidden, heads, branches=4)}
+        for name, layer in layers.items():
+            layer = layer.to(device=device, dtype=dtype).eval()
+            for batch in args.decode_batches:
+                row = []
+                for ctx in args.contexts:
+                    def bench():
+                        cache = layer.new_cache(batch, ctx + args.iters + args.warmup + 1)
+                        fill = {k: torch.randn_like(buf[:, :ctx]) for k, buf in cache.buffers.items()}
+                        cache.append(**fill)                       # a full cache of ctx tokens
+                        x = torch.randn(batch, 1, hidden, device=device, dtype=dtype)
+
+                        def step():
+                            with torch.no_grad():
+                                layer(x, cache=cache)
+                        return timed(step, device, args.warmup, args.iters)
+                    row.append(fmt(run_or_oom(bench)))
+                nbytes = layer.kv_cache_bytes_per_token(dtype)
+                lines.append(f"| {shape_name} | {name} | {nbytes} | {batch} | " + " | ".join(row) + " |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def skipping_table(args, device, dtype, shape):
+    """HLA top-k against full HLA on the same random weights: relative error of the encoder output."""
+    n = args.skip_length
+    lines = [f"| variant | rel. L2 error vs full HLA at {n} tok | cosine |", "|---|---|---|"]
+    torch.manual_seed(0)
+    full = MediagenTextEncoder(**{**shape, "attention": "hla"}).to(device=device, dtype=dtype).eval()
+    ids = torch.randint(1000, 2000, (1, n), device=device)
+    with torch.no_grad():
+        ref = full(ids).last_hidden_state.float()
+        for k in args.top_ks:
+            full.set_hla_skipping(top_k=k)
+            out = full(ids).last_hidden_state.float()
+            err = ((out - ref).norm() / ref.norm()).item()
+            cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1).mean().item()
+            lines.append(f"| top-{k} | {err:.4f} | {cos:.4f} |")
+            print(lines[-1], flush=True)
+        full.set_hla_skipping(None, None)
+    return lines
+
+
+def quality_table(args, device):
+    """Distil each attention from MiniLM, then held-out sentence-embedding cosine to MiniLM."""
+    from mediagen.models.text_encoders import (DistillConfig, distill, encoder_from_minilm, load_minilm,
+                                               load_minilm_tokenizer, make_prompts, sentence_similarity)
+    teacher, tok = load_minilm(device=device), load_minilm_tokenizer()
+    heldout = make_prompts(512, "heldout")
+    lines = [f"| encoder | held-out sentence cos, init | after {args.distill_steps} distill steps |",
+             "|---|---|---|"]
+    for name in args.quality_attentions:
+        student = encoder_from_minilm(name).to(device)
+        before = sentence_similarity(student, teacher, tok, heldout)
+        distill(student, teacher, tok, DistillConfig(steps=args.distill_steps, batch_size=args.distill_batch),
+                device=device)
+        after = sentence_similarity(student, teacher, tok, heldout)
+        lines.append(f"| {name} | {before:.4f} | {after:.4f} |")
+        print(lines[-1], flush=True)
+        if name == "hla":
+            for k in args.top_ks:                                  # skipping on the distilled encoder
+                student.set_hla_skipping(top_k=k)
+                sim = sentence_similarity(student, teacher, tok, heldout)
+                lines.append(f"| hla, top-{k} (no retraining) | — | {sim:.4f} |")
+                print(lines[-1], flush=True)
+            student.set_hla_skipping(None, None)
+        if args.save_distilled:
+            path = Path(args.save_distilled) / f"minilm-{name}"
+            student.save_pretrained(path)
+            tok.save_pretrained(path)
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes, CPU-friendly smoke run")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--lengths", type=int, nargs="+", default=[77, 512, 4096, 32768])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--attentions", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 32768, 65536, 131072])
+    p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--skip-length", type=int, default=8192)
+    p.add_argument("--top-ks", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--distill-steps", type=int, default=0, help="> 0: distil and measure quality")
+    p.add_argument("--distill-batch", type=int, default=64)
+    p.add_argument("--quality-attentions", nargs="+", default=["sdpa", "mlra2", "mlra4", "hla"])
+    p.add_argument("--save-distilled", default=None, help="directory to save distilled encoders in")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--out", default=None, help="append the tables to this markdown file")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if args.tiny:
+        args.lengths, args.batches = [16, 64], [1, 2]
+        args.contexts, args.decode_batches = [64, 256], [1]
+        args.skip_length, args.top_ks = 128, [1, 2]
+        args.warmup, args.iters = 1, 2
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    from diffusers.utils import logging as diffusers_logging
+    diffusers_logging.set_verbosity_error()                          # no dtype-cast notices in the tables
+    shape = TINY_SHAPE if args.tiny else MINILM_SHAPE
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    header = [f"## Text encoders ({'tiny, ' if args.tiny else ''}{name}, {dtype}, torch {torch.__version__}, "
+              f"fla {'yes' if fla_available() else 'no'})", ""]
+    print("\n".join(header), flush=True)
+    out = header + ["### Encoding latency (forward, whole encoder)", ""]
+    out += encoding_table(args, device, dtype, shape) + [""]
+    out += ["### Decode latency per token (one attention layer, cache of ctx tokens)", ""]
+    out += decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES) + [""]
+    out += ["### HLA chunk skipping (beyond the paper), random weights", ""]
+    out += skipping_table(args, device, dtype, shape) + [""]
+    if args.distill_steps > 0:
+        out += ["### Distilled encoders vs MiniLM (held-out prompts)", ""]
+        out += quality_table(args, device) + [""]
+    text = "\n".join(out)
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
