@@ -117,7 +117,7 @@ def one_layer(args, device, dtype):
     grids.record(grid)
     rows = []
     block_sets = [args.blocks or ([1, 2, 2] if args.tiny else [3, 5, 10])]
-    if not args.tiny and args.blocks is None:
+    if not args.tiny and mediagen.models.auto_blocks(grid) not in block_sets:
         block_sets.append(mediagen.models.auto_blocks(grid))
     configs = [("sdpa", None, "none")] + [("mhla", b, r) for b in block_sets for r in ("none", "features")]
     configs.append(("linear", None, "none"))
@@ -148,7 +148,8 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU in fp32: checks the script runs")
     ap.add_argument("--sizes", default=None, help="comma list of FRAMESxHEIGHTxWIDTH (default 81x480x832,81x720x1280)")
     ap.add_argument("--variants", default="sdpa,mhla,hybrid,no-self-attn", help=f"comma list from {VARIANTS}")
-    ap.add_argument("--blocks", default=None, help="MHLA blocks, e.g. 3,5,10 (default: auto from the grid)")
+    ap.add_argument("--blocks", default="3,5,10",
+                    help="MHLA blocks (frames,height,width); default the paper's 3,5,10; 'auto' picks M^2 <= N")
     ap.add_argument("--text-len", type=int, default=512)
     ap.add_argument("--modes", default="eager,compile", help="eager, compile or both (comma list)")
     ap.add_argument("--compile-backend", default="inductor")
@@ -177,7 +178,9 @@ def main(argv=None):
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
         ap.error(f"--variants {bad} not allowed: use {VARIANTS}")
-    args.blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else None
+    if args.tiny and args.blocks == "3,5,10":
+        args.blocks = "auto"
+    args.blocks = None if args.blocks == "auto" else [int(b) for b in args.blocks.split(",")]
     torch.manual_seed(0)
     print(f"device: {device_name(device)}, dtype {dtype}, torch {torch.__version__}", flush=True)
     sections = []

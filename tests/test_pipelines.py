@@ -91,7 +91,7 @@ def test_text_to_video_batches_embeds_and_callbacks():
     bare = wan_pipe(encoder=False)
     embeds = torch.randn(1, 7, 32)
     v1 = bare(prompt_embeds=embeds, generator=gen(0), **VIDEO).frames
-    v2 = bare(prompt_embeds=embeds, negative_prompt_embeds=torch.zeros(1, 7, 32), generator=gen(0), **VIDEO).frames
+    v2 = bare(prompt_embeds=embeds, negative_prompt_embeds=torch.zeros(1, 3, 32), generator=gen(0), **VIDEO).frames
     assert v1.shape == (1, 3, 8, 8, 1) and np.array_equal(v1, v2)
     with pytest.raises(ValueError, match="text_encoder"):
         bare("a prompt", **VIDEO)

@@ -8,6 +8,7 @@ real Wan2.1 checkpoints diffusers' own ``WanPipeline`` serves unchanged after ``
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from diffusers import DiffusionPipeline
 from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
@@ -64,6 +65,10 @@ class TextToVideoPipeline(DiffusionPipeline):
             if negative_prompt_embeds.shape[0] != prompt_embeds.shape[0]:
                 raise ValueError(f"negative_prompt_embeds has batch {negative_prompt_embeds.shape[0]}, "
                                  f"prompt_embeds {prompt_embeds.shape[0]}: they must match")
+            # one batch for guidance needs one length: zero-pad the shorter (padding is zeros anyway)
+            length = max(prompt_embeds.shape[1], negative_prompt_embeds.shape[1])
+            prompt_embeds = F.pad(prompt_embeds, (0, 0, 0, length - prompt_embeds.shape[1]))
+            negative_prompt_embeds = F.pad(negative_prompt_embeds, (0, 0, 0, length - negative_prompt_embeds.shape[1]))
         rep = num_videos_per_prompt
         prompt_embeds = prompt_embeds.repeat_interleave(rep, dim=0)
         if negative_prompt_embeds is not None:
