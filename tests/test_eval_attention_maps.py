@@ -87,3 +87,26 @@ def test_recorder_collects_layers_of_a_model():
     stats = rec.stats()
     assert set(stats) == {"soft", "mhla"}
     assert stats["soft"]["rank_mean"] == 16
+
+
+def test_recorder_on_a_converted_diffusers_model():
+    """A hybrid DiT (softmax layer 0, MHLA layer 1) on a real digit: both layers are recorded, and
+    the MHLA layer is the one with lower rank than softmax."""
+    from mediagen.data import load_mnist10k
+    from mediagen.models.convert import convert
+    from mediagen.models.presets import build_transformer
+
+    torch.manual_seed(0)
+    model = build_transformer("dit-tiny", sample_size=16).eval()
+    convert(model, ["sdpa", "mhla"], blocks=(2, 2))
+    digit = torch.from_numpy(load_mnist10k("held_out")[0][0][6:22, 6:22]).float()[None, None] / 127.5 - 1
+    with AttentionRecorder(model) as rec, torch.no_grad():
+        model(digit, timestep=torch.tensor([500]), class_labels=torch.tensor([0]))
+    stats = rec.stats(rtol=1e-8)
+    kinds = {s["kind"] for s in stats.values()}
+    assert kinds == {"softmax", "MHLAttention"}, stats.keys()
+    assert all(s["tokens"] == 64 for s in stats.values())
+    soft = next(s for s in stats.values() if s["kind"] == "softmax")
+    mh = next(s for s in stats.values() if s["kind"] == "MHLAttention")
+    assert mh["rank_mean"] < soft["rank_mean"] and mh["rank_mean"] <= 4 * 16  # M * d bounds MHLA's rank
+    torch.nn.functional.scaled_dot_product_attention(q := torch.randn(1, 1, 4, 16), q, q)  # unpatched again

@@ -89,11 +89,17 @@ def attention_stats(A: torch.Tensor, rtol: float | None = None) -> dict:
 
 
 class AttentionRecorder:
-    """Record q, k (and grid) of every ``mediagen.attention`` module of a model during a forward:
+    """Record q, k (and grid) of the self-attention layers of a model during a forward:
 
         with AttentionRecorder(model) as rec:
             model(inputs)
-        stats = rec.stats()   # {module name: attention_stats(...)}
+        stats = rec.stats()   # {layer name: attention_stats(...)}
+
+    Layers are ``mediagen.attention`` modules (the MHLA / linear cores of converted diffusers
+    models included) and diffusers ``Attention`` modules that run softmax through torch's
+    ``scaled_dot_product_attention`` (recorded while the call is inside such a module, patched only
+    inside the ``with`` block; cross-attention, masked and causal calls are skipped). Layers with
+    more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit.
     """
 
     def __init__(self, model, max_tokens: int = 4096):
@@ -101,24 +107,68 @@ class AttentionRecorder:
 
         self.model, self.max_tokens = model, max_tokens
         self.targets = {n: m for n, m in model.named_modules() if isinstance(m, (MHLAttention, SDPAttention))}
+        self.containers = {n: m for n, m in model.named_modules()
+                           if hasattr(m, "processor") and n not in self.targets}
         self.records: dict = {}
         self._handles = []
+        self._current: list[str] = []
+
+    def _record_module(self, name):
+        def hook(module, args, kwargs):
+            q, k = args[0], args[1]
+            grid = args[3] if len(args) > 3 else kwargs.get("grid")
+            if q.shape[1] <= self.max_tokens:
+                self.records[name] = (module, q.detach(), k.detach(), grid)
+        return hook
+
+    def _enter_layer(self, name):
+        def hook(*_):
+            self._current.append(name)  # returns None: a hook's return value would replace the inputs
+        return hook
+
+    def _leave_layer(self, *_):
+        self._current.pop()
+
+    def _sdpa_wrapper(self, sdpa):
+        def wrapped(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+            plain = attn_mask is None and not is_causal and query.shape == key.shape
+            if self._current and plain and query.shape[-2] <= self.max_tokens:
+                # torch's layout is (B, H, N, D); ours is (B, N, H, D)
+                self.records[self._current[-1]] = ("softmax", query.detach().transpose(1, 2),
+                                                   key.detach().transpose(1, 2), scale)
+            return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, **kwargs)
+        return wrapped
 
     def __enter__(self):
+        import torch.nn.functional as F
+
         for name, mod in self.targets.items():
-            def hook(module, args, kwargs, name=name):
-                q, k = args[0], args[1]
-                grid = args[3] if len(args) > 3 else kwargs.get("grid")
-                if q.shape[1] <= self.max_tokens:
-                    self.records[name] = (module, q.detach(), k.detach(), grid)
-            self._handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
+            self._handles.append(mod.register_forward_pre_hook(self._record_module(name), with_kwargs=True))
+        for name, mod in self.containers.items():
+            self._handles.append(mod.register_forward_pre_hook(self._enter_layer(name)))
+            self._handles.append(mod.register_forward_hook(self._leave_layer))
+        self._sdpa = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self._sdpa_wrapper(self._sdpa)
         return self
 
     def __exit__(self, *exc):
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._sdpa
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._current.clear()
 
     def stats(self, rtol: float | None = None) -> dict:
-        return {name: attention_stats(attention_matrix(mod, q, k, grid), rtol)
-                for name, (mod, q, k, grid) in self.records.items()}
+        out = {}
+        for name, rec in self.records.items():
+            if rec[0] == "softmax":
+                _, q, k, scale = rec
+                A, kind = softmax_attention_matrix(q, k, scale), "softmax"
+            else:
+                mod, q, k, grid = rec
+                A, kind = attention_matrix(mod, q, k, grid), type(mod).__name__
+            out[name] = {"kind": kind, **attention_stats(A, rtol)}
+        return out
