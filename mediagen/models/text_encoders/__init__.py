@@ -23,7 +23,7 @@ import torch
 from .distill import DistillConfig, distill, distillation_loss, mean_pool, sentence_similarity
 from .encoder import ATTENTIONS, MediagenTextEncoder
 from .from_minilm import encoder_from_minilm
-from .minilm import MINILM_MAX_LENGTH, load_minilm, load_minilm_tokenizer, minilm_path
+from .minilm import MINILM_MAX_LENGTH, dtype_kwarg, load_minilm, load_minilm_tokenizer, minilm_path
 from .output import TextEncoderOutput
 from .prompt_encoder import PromptEncoder
 from .prompts import make_prompts
@@ -45,12 +45,12 @@ def _load_hub(name: str, torch_dtype, device):
         import transformers
         cls = {"t5": transformers.T5EncoderModel, "mt5": transformers.MT5EncoderModel,
                "umt5": transformers.UMT5EncoderModel}[config.model_type]
-        model = cls.from_pretrained(name, dtype=torch_dtype)
+        model = cls.from_pretrained(name, **dtype_kwarg(torch_dtype))
     elif getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"text encoder {name!r} is an encoder-decoder of type {config.model_type!r}; "
                          "only T5-family encoders, encoder-only and decoder-only models are supported")
     else:                                                             # BERT-like or a decoder LM's body
-        model = AutoModel.from_pretrained(name, dtype=torch_dtype)
+        model = AutoModel.from_pretrained(name, **dtype_kwarg(torch_dtype))
     limit = getattr(config, "max_position_embeddings", None)
     return PromptEncoder(tokenizer, model.eval().to(device), kind="hub", max_length_limit=limit,
                          default_max_length=min(512, limit or 512))
