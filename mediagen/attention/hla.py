@@ -73,7 +73,9 @@ class HLAttention(nn.Module):
     def _resolve_backend(self, x) -> str:
         if self.backend != "auto":
             return self.backend
-        return "fla" if x.is_cuda and fla_available() else "torch"
+        # fla's kernels take bf16/fp16 only; fp32 on a GPU uses the plain-PyTorch path
+        half = x.dtype in (torch.bfloat16, torch.float16)
+        return "fla" if x.is_cuda and half and fla_available() else "torch"
 
     def gdn_inputs(self, x, attention_mask=None):
         """q, k (l2-normalised), v (B,N,H,D); log_alpha, beta (B,N,H). Masked tokens become identity
