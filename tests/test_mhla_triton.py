@@ -146,3 +146,19 @@ def test_real_sizes_on_gpu(B, grid, H, D, blocks, dtype):
         g = torch.randn_like(o)
         for name, a, b in zip("qkvm", torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
             assert rel_err(a, b) < TOL[dtype], (algorithm, name)
+
+
+@pytest.mark.parametrize("setting,value", [("dense", "onehot"), ("apply", "lowp")])
+def test_alternative_kernel_paths(device, monkeypatch, setting, value):
+    """The dense kernel's gathered block weights (used when M > 128) and, on a GPU, the chunked
+    apply in the input dtype, against the reference."""
+    cfg = dict(triton_op.KERNEL_CONFIGS[setting])
+    cfg[value] = not cfg.get(value, False)
+    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, setting, cfg)
+    dtype = torch.bfloat16 if setting == "apply" else torch.float32
+    grid, blocks = (5, 9), (2, 3)
+    q, k, v = make(2, grid, 2, 24, dtype, device, "elu1")
+    mix = torch.rand(2, 6, 6, device=device)
+    o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="elu1", algorithm="dense" if setting == "dense" else "chunked")
+    r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="elu1")
+    assert rel_err(o, r) < TOL[dtype]

@@ -104,8 +104,26 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
         floor_bytes = 4 * B * N * H * D * q.element_size()
         cands = {}
         if device.type == "cuda":
+            from ..kernels.mhla import triton_op
+
             cands["mhla triton"] = lambda q, k, v: mhla(q, k, v, mix, shape.grid, shape.blocks,
                                                         feature_map="relu", backend="triton")
+            if N <= 4096:
+                for algo in ("chunked", "dense"):
+                    cands[f"mhla triton {algo}"] = (lambda a: lambda q, k, v: mhla(
+                        q, k, v, mix, shape.grid, shape.blocks, feature_map="relu", backend="triton",
+                        algorithm=a))(algo)
+
+            def lowp(q, k, v):  # chunked forward with the apply product in the input dtype
+                triton_op.KERNEL_CONFIGS["apply"]["lowp"] = True
+                try:
+                    return mhla(q, k, v, mix, shape.grid, shape.blocks, feature_map="relu", backend="triton",
+                                algorithm="chunked")
+                finally:
+                    triton_op.KERNEL_CONFIGS["apply"]["lowp"] = False
+
+            if dtype != torch.float32:
+                cands["mhla triton chunked, low-precision apply"] = lowp
         if reference:
             cands["mhla reference (fp32)"] = lambda q, k, v: mhla_reference(q, k, v, mix, shape.grid,
                                                                            shape.blocks, feature_map="relu")
@@ -121,6 +139,11 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
             try:
                 row["fwd_ms"] = timer(lambda: fn(q, k, v))
                 row["GB/s"] = floor_bytes / (row["fwd_ms"] / 1e3) / 1e9
+                if device.type == "cuda":  # kernel time without Python launch overhead
+                    import triton.testing
+
+                    row["fwd_graph_ms"] = triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=rep_ms,
+                                                                            return_mode="median")
             except Exception as err:  # a backend that refuses a shape (e.g. head dim 72)
                 row["fwd_ms"] = None
                 row["note"] = type(err).__name__ + ": " + str(err).splitlines()[0][:60]
@@ -145,13 +168,14 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
 
 
 def markdown_table(rows) -> str:
-    head = "| shape | B | N | heads×d | method | fwd ms | fwd+bwd ms | floor ms | fwd GB/s | note |"
-    lines = [head, "|" + "---|" * 10]
+    head = ("| shape | B | N | heads×d | method | fwd ms | fwd ms (CUDA graph) | fwd+bwd ms | floor ms | "
+            "fwd GB/s | note |")
+    lines = [head, "|" + "---|" * 11]
 
     def f(x, nd=3):
         return "—" if x is None else f"{x:.{nd}f}"
 
     for r in rows:
         lines.append(f"| {r['shape']} | {r['B']} | {r['N']} | {r['heads']} | {r['method']} | {f(r.get('fwd_ms'))} | "
-                     f"{f(r.get('fwd_bwd_ms'))} | {f(r['floor_ms'])} | {f(r.get('GB/s'), 0)} | {r.get('note', '')} |")
+                     f"{f(r.get('fwd_graph_ms'))} | {f(r.get('fwd_bwd_ms'))} | {f(r['floor_ms'])} | {f(r.get('GB/s'), 0)} | {r.get('note', '')} |")
     return "\n".join(lines)

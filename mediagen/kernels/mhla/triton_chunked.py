@@ -71,7 +71,9 @@ def apply_kernel(Q, SZM, O, order, offsets,
                  sqb, sqn, sqh, sqd, sob, son, soh, sod,
                  H, M, J, D, X, eps, scale,
                  BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr):
+                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr):
+    # LOWP: half-precision inputs multiply in their own dtype (S~ rounded once to it, ~2^-9
+    # relative per entry); otherwise fp32 operands (tf32 or IEEE).
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -86,6 +88,8 @@ def apply_kernel(Q, SZM, O, order, offsets,
     summ = SZM + (bh.to(tl.int64) * M + i) * X
     S = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
     z = tl.load(summ + D * D + d, mask=dmask, other=0.0)
+    if LOWP:
+        S_lp = S.to(Q.dtype.element_ty)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
     obase = O + b.to(tl.int64) * sob + h * soh
     for t in range(lo, hi, BT):
@@ -95,7 +99,10 @@ def apply_kernel(Q, SZM, O, order, offsets,
         qmask = rmask[:, None] & dmask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=qmask, other=0.0)
         qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
-        u = _dot(qf, S, IEEE)
+        if LOWP:
+            u = tl.dot(qf.to(Q.dtype.element_ty), S_lp)
+        else:
+            u = _dot(qf, S, IEEE)
         if NORMALIZE:
             den = tl.sum(qf * z[None, :], axis=1) + eps
             u = u / den[:, None]

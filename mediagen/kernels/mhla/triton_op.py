@@ -48,10 +48,10 @@ def _num_sms(device_index: int) -> int:
 # Launch settings per kernel: TILE output columns per program, BT tokens per loop step (both capped
 # by the padded head dim BD), warps, pipeline stages. benchmarks/sweep_mhla.py measures the choices.
 KERNEL_CONFIGS = {
-    "summary": dict(TILE=128, BT=64, warps=8, stages=3),
-    "apply": dict(TILE=128, BT=64, warps=8, stages=3),
-    "query_grad": dict(TILE=64, BT=32, warps=8, stages=2),
-    "key_grad": dict(TILE=64, BT=32, warps=8, stages=2),
+    "summary": dict(TILE=128, BT=64, warps=4, stages=3),
+    "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=False),
+    "query_grad": dict(TILE=128, BT=64, warps=8, stages=2),
+    "key_grad": dict(TILE=128, BT=64, warps=8, stages=3),
     "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
 }
 
@@ -65,7 +65,9 @@ def _config(name: str, D: int):
 
 
 def choose_splits(B, H, M, largest_block, D, device) -> int:
-    """Token splits per block so that the chunked kernels launch about 4 programs per SM."""
+    """Token splits per block, only when the chunked kernels would launch fewer programs than
+    there are SMs (few heads and blocks, e.g. global linear attention): on the H200 the sweep
+    measured splits as slower whenever B*H*M alone fills the GPU (more summaries to write and mix)."""
     forced = os.environ.get("MEDIAGEN_MHLA_SPLITS")
     if forced:
         return max(1, int(forced))
@@ -73,7 +75,7 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
         return 1
     BD, TILE, BT, _, _ = _config("apply", D)
     programs = B * H * M * (BD // TILE)
-    want = math.ceil(4 * _num_sms(device.index or 0) / programs)
+    want = math.ceil(_num_sms(device.index or 0) / programs)
     return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
 
@@ -146,6 +148,7 @@ def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode):
     apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         q, mixed, o, order, offsets, *q.stride(), *o.stride(), H, M, J, D, D * D + D, eps, scale,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
+        LOWP=KERNEL_CONFIGS["apply"].get("lowp", False) and q.dtype != torch.float32 and not _interpreting(),
         num_warps=warps, num_stages=stages)
     return o
 
