@@ -23,6 +23,7 @@ def digits():
     return images
 
 
+@pytest.mark.filterwarnings("ignore:The `disp` argument:DeprecationWarning")
 def test_fid_and_kid_match_clean_fid(tmp_path, mnist_fx, digits):
     from cleanfid import fid as cfid
 
@@ -143,3 +144,17 @@ def test_checkpoint_without_pipeline_is_a_clear_error(tmp_path, capsys):
 
     rc = main(["fid", "--checkpoint", str(tmp_path / "missing"), "--num-samples", "200", "--quiet"])
     assert rc == 2 and "--checkpoint" in capsys.readouterr().err
+
+
+def test_fid_from_a_checkpoint_samples_through_the_pipelines(tmp_path):
+    """A preset name stands for a checkpoint (random weights): sampling goes through mediagen.pipelines."""
+    from mediagen.cli import main
+
+    out = tmp_path / "fid.json"
+    rc = main(["fid", "--checkpoint", "dit-tiny", "--num-samples", "130", "--steps", "1", "--batch-size", "65",
+               "--reference-num", "300", "--save-samples", str(tmp_path / "s"), "--out", str(out), "--quiet"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["num_samples"] == 130 and res["samples"] == "dit-tiny"
+    assert res["fid"] > 100  # untrained model: far from real digits
+    assert len(list((tmp_path / "s").glob("*.png"))) == 130
