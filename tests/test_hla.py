@@ -156,3 +156,12 @@ def test_fla_summaries_match_torch():
     got = chunk_summaries(*half, la, be, 0.125, 64, backend="fla")
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_short_sequences_use_a_short_chunk_with_the_same_result():
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=16, pool=2).double()
+    x = torch.randn(1, 5, 16, dtype=F64)
+    assert m.chunk_for(5) == 6 and m.chunk_for(40) == 16
+    ones = torch.zeros(1, 2, 1, 16, 1, dtype=F64)                     # one chunk: no past gates
+    torch.testing.assert_close(m(x), m(x, gates_override=ones), rtol=1e-10, atol=1e-10)

@@ -92,11 +92,18 @@ class HLAttention(nn.Module):
             beta, log_alpha = beta * m[..., None], log_alpha * m[..., None]
         return q, k, v, log_alpha, beta
 
-    def gates(self, q, k):
+    def chunk_for(self, n: int) -> int:
+        """The chunk size used for n tokens: ``chunk``, or for a sequence shorter than one chunk the
+        smallest multiple of ``pool`` that holds it (one chunk either way, so the same result, but a
+        77-token prompt is not padded to 256)."""
+        return self.chunk if n > self.chunk else self.pool * math.ceil(n / self.pool)
+
+    def gates(self, q, k, chunk: int | None = None):
         """Past-chunk gates (B, H, nC, C, nC) for q, k already padded to whole chunks."""
+        chunk = chunk or self.chunk
         q_route = torch.einsum("bnhd,hde->bnhe", q, self.route_q)
-        reps = bucket_representatives(k, self.pool_k, self.pool_v, self.pool_o, self.chunk, self.pool)
-        return chunk_gates(q_route, reps, self.chunk, self.gate_bias)
+        reps = bucket_representatives(k, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
+        return chunk_gates(q_route, reps, chunk, self.gate_bias)
 
     def forward(self, x, attention_mask=None, return_aux: bool | None = None, gates_override=None):
         """x (B, N, d) -> (B, N, d). ``gates_override`` (B,H,nC,C,nC) replaces the learned gates
@@ -104,13 +111,14 @@ class HLAttention(nn.Module):
         q, k, v, log_alpha, beta = self.gdn_inputs(x, attention_mask)
         backend = self._resolve_backend(x)
         n = x.shape[1]
-        qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, self.chunk)
-        gates = self.gates(qp, kp) if gates_override is None else gates_override
+        chunk = self.chunk_for(n) if gates_override is None else self.chunk
+        qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
+        gates = self.gates(qp, kp, chunk) if gates_override is None else gates_override
         gates = gates.to(q.dtype)
         keep = None
         if self.top_k is not None or self.gate_threshold is not None:
             keep = select_chunks(gates, top_k=self.top_k, threshold=self.gate_threshold)
-        o = hla_chunked(qp, kp, vp, lap, bp, gates, chunk=self.chunk, backend=backend, keep=keep)[:, :n]
+        o = hla_chunked(qp, kp, vp, lap, bp, gates, chunk=chunk, backend=backend, keep=keep)[:, :n]
         if return_aux or (return_aux is None and self.training):
             self.aux_losses = gate_regularisers(gates.float())
         o = self.out_norm(o)
