@@ -162,3 +162,21 @@ def test_alternative_kernel_paths(device, monkeypatch, setting, value):
     o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="elu1", algorithm="dense" if setting == "dense" else "chunked")
     r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="elu1")
     assert rel_err(o, r) < TOL[dtype]
+
+
+def test_several_column_tiles(device, monkeypatch):
+    """Head dims wider than one column tile (D = 256 on a GPU) split the output columns over programs."""
+    for name, cfg in triton_op.KERNEL_CONFIGS.items():
+        if "TILE" in cfg:
+            monkeypatch.setitem(triton_op.KERNEL_CONFIGS, name, dict(cfg, TILE=16))
+    grid, blocks = (4, 7), (2, 3)
+    q, k, v = make(1, grid, 2, 40, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="chunked")
+    r = mhla_reference(*refs, grid, blocks, feature_map="relu")
+    assert rel_err(o, r) < 1e-4
+    g = torch.randn_like(o)
+    for a, b in zip(torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
+        assert rel_err(a, b) < 1e-4

@@ -148,7 +148,10 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=fmask, other=0.0)
         qf = tl.where(fmask, feature(qt.to(tl.float32), FEATURE), 0.0)
         g = tl.load(gbase + tok[:, None] * sgn + d[None, :] * sgd, mask=fmask, other=0.0).to(tl.float32)
-        g_e = tl.load(gbase + tok[:, None] * sgn + e[None, :] * sgd, mask=tmask, other=0.0).to(tl.float32)
+        if TILE == BD:  # one column tile: the tile is the whole row, no second load
+            g_e = g
+        else:
+            g_e = tl.load(gbase + tok[:, None] * sgn + e[None, :] * sgd, mask=tmask, other=0.0).to(tl.float32)
         if NORMALIZE:
             den = tl.sum(qf * z[None, :], axis=1) + eps
             # delta_t = g_t . o_t (as in flash attention's backward), so dden_t = -delta_t / den_t
@@ -163,7 +166,10 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
         dq = _dot(du, tl.trans(S_rows), IEEE)
         if NORMALIZE:
             dq += dden[:, None] * z_e[None, :]
-        q_e = tl.load(qbase + tok[:, None] * sqn + e[None, :] * sqd, mask=tmask, other=0.0).to(tl.float32)
+        if TILE == BD:
+            q_e = qt.to(tl.float32)
+        else:
+            q_e = tl.load(qbase + tok[:, None] * sqn + e[None, :] * sqd, mask=tmask, other=0.0).to(tl.float32)
         dq = dq * feature_grad(q_e, FEATURE)
         tl.store(dbase + tok[:, None] * sdn + e[None, :] * sdd, dq.to(DQ.dtype.element_ty), mask=tmask)
         accS += _dot(tl.trans(qf), du_e, IEEE)
@@ -213,6 +219,9 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets,
         dv = _dot(kf, dS_cols, IEEE)
         tl.store(dvbase + tok[:, None] * sdvn + e[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=tmask)
         dk = _dot(vt, tl.trans(dS_rows), IEEE) + dz_e[None, :]
-        k_e = tl.load(kbase + tok[:, None] * skn + e[None, :] * skd, mask=tmask, other=0.0).to(tl.float32)
+        if TILE == BD:
+            k_e = kt.to(tl.float32)
+        else:
+            k_e = tl.load(kbase + tok[:, None] * skn + e[None, :] * skd, mask=tmask, other=0.0).to(tl.float32)
         dk = dk * feature_grad(k_e, FEATURE)
         tl.store(dkbase + tok[:, None] * sdkn + e[None, :] * sdkd, dk.to(DK.dtype.element_ty), mask=tmask)
