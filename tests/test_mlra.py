@@ -86,6 +86,7 @@ def test_shapes_and_scalings(branches):
     assert m(x).shape == (2, 5, D) and torch.count_nonzero(m(x)) == 0
     # cache: 4.5 d_h values per token and layer, bf16 = 2 bytes each
     assert m.kv_cache_bytes_per_token(torch.bfloat16) == int(4.5 * dh) * 2
+    assert m.kv_cache_bytes_per_token(torch.bfloat16, tensor_parallel=4) == int(1.5 * dh) * 2
     cache = m.new_cache(1, 8, dtype=torch.bfloat16)
     assert cache.nbytes_per_token() == m.kv_cache_bytes_per_token(torch.bfloat16)
 

@@ -203,6 +203,11 @@ class MLRAttention(nn.Module):
         """(B, nb, H, ...) -> (B, 4, hp, ...)."""
         return t if self.branches == 4 else t.reshape(t.shape[0], LATENT_HEADS, self.heads_per_latent, *t.shape[3:])
 
-    def kv_cache_bytes_per_token(self, dtype=torch.bfloat16) -> int:
-        """Bytes per token and layer: d_c latent values + d_r rope-key values."""
-        return (self.kv_latent + self.rope_dim) * torch.empty((), dtype=dtype).element_size()
+    def kv_cache_bytes_per_token(self, dtype=torch.bfloat16, tensor_parallel: int = 1) -> int:
+        """Bytes per token and layer: d_c latent values + d_r rope-key values (4.5 d_h by default).
+        Under ``tensor_parallel``-way TP (1, 2 or 4) each device holds d_c / tp of the latent and the
+        whole rope key: 1.5 d_h per device for MLRA-4 on 4 devices."""
+        if tensor_parallel not in (1, 2, 4):
+            raise ValueError(f"tensor_parallel={tensor_parallel} is not allowed: use 1, 2 or 4")
+        values = self.kv_latent // tensor_parallel + self.rope_dim
+        return values * torch.empty((), dtype=dtype).element_size()
