@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo, when mediagen is not installed
 from model_timing import device_name, graph_breaks, markdown_table, reset_compiler, time_ms  # noqa: E402
 
 import mediagen  # noqa: E402
