@@ -158,3 +158,28 @@ def test_fid_from_a_checkpoint_samples_through_the_pipelines(tmp_path):
     assert res["num_samples"] == 130 and res["samples"] == "dit-tiny"
     assert res["fid"] > 100  # untrained model: far from real digits
     assert len(list((tmp_path / "s").glob("*.png"))) == 130
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_inception_weights_flag_is_used(tmp_path):
+    """--inception-weights reaches clean-fid's Inception wrapper, whatever the file is named. A tiny
+    TorchScript stand-in with the same interface (``.layers`` -> (B, 2048, 1, 1)) checks the plumbing."""
+
+    class Layers(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(dim=(2, 3), keepdim=True).repeat(1, 683, 1, 1)[:, :2048]
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = Layers()
+
+        def forward(self, x):
+            return self.layers(x)
+
+    path = tmp_path / "my-inception.pt"
+    torch.jit.save(torch.jit.script(Net()), str(path))
+    fx = get_extractor("inception", inception_weights=str(path))
+    x = torch.full((2, 3, 299, 299), 128.0 + 64.0)
+    feats = fx(x)
+    assert feats.shape == (2, 2048) and torch.allclose(feats, torch.full_like(feats, 0.5))
