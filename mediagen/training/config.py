@@ -1,0 +1,224 @@
+"""The training config: omegaconf structured config built from dataclasses.
+
+A YAML file is merged onto ``TrainConfig``; a misspelt key or a value of the wrong type fails at
+load with the key's full name and the valid keys (``ConfigError``). CLI overrides are dotlists
+(``optim.lr=3e-4 train.max_steps=100``). The resolved config is written next to the checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+TASKS = ("class-to-image", "text-to-image", "text-to-video")
+OBJECTIVES = ("flow", "ddpm")
+TIMESTEP_SAMPLING = ("logit-normal", "uniform")
+PRECISIONS = ("no", "fp16", "bf16")
+DATASETS = ("mnist", "moving-mnist", "image-folder", "video-folder")
+SCHEDULES = ("constant", "cosine")
+FINETUNE_MODES = ("none", "full", "lora", "convert")
+DISTRIBUTED = ("ddp", "fsdp")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key, the value and what is allowed."""
+
+
+@dataclass
+class ModelConfig:
+    preset: Optional[str] = None            # a name from mediagen.models.presets (random init)
+    pretrained: Optional[str] = None        # a saved pipeline / transformer folder (ours), or a diffusers
+                                            # pipeline folder with a transformer/ subfolder
+    overrides: dict[str, Any] = field(default_factory=dict)   # preset config fields to change (e.g. num_layers)
+    attention: Any = None                   # None: keep; "sdpa" | "linear" | "mhla" | "wan-mhla-h" | list per layer
+    layers: Optional[list[int]] = None      # with one attention name: the layers that get it
+    blocks: Optional[list[int]] = None      # MHLA blocks per grid axis (None: chosen from grid)
+    grid: Optional[list[int]] = None        # token grid MHLA is chosen for (Wan needs it or blocks)
+    attention_options: dict[str, Any] = field(default_factory=dict)  # feature_map, out_norm, rope, ...
+    text_encoder: str = "byte"              # "byte" (ByteTextEncoder, frozen, seeded) or a name for
+                                            # mediagen.models.text_encoders.load_text_encoder
+    text_max_length: int = 32
+    vae: Optional[str] = None               # None: pixel space (IdentityAutoencoder); else an autoencoder folder
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class FinetuneConfig:
+    mode: str = "none"                      # none (train from scratch) | full | lora | convert
+    lora_rank: int = 8
+    lora_alpha: float = 8.0
+    lora_targets: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    train_only: Optional[list[str]] = None  # parameter-name substrings to train (others frozen); None = all
+    distill_weight: float = 0.0             # convert mode: weight of MSE to the softmax teacher's output
+    teacher: Optional[str] = None           # teacher folder (default: model.pretrained before conversion)
+
+
+@dataclass
+class ObjectiveConfig:
+    kind: str = "flow"                      # flow (velocity, rectified flow) | ddpm (epsilon)
+    timestep_sampling: str = "logit-normal"  # flow: logit-normal (SD3/SANA) or uniform
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    shift: float = 1.0                      # flow: sigma -> shift*s / (1 + (shift-1)*s) (Wan uses 3..5)
+    num_train_timesteps: int = 1000
+    class_dropout: float = 0.1              # probability of the null class / empty prompt (for guidance)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "mnist"
+    path: Optional[str] = None              # image-folder / video-folder root
+    split: str = "train"                    # mnist: train | held_out | all
+    resolution: int = 28                    # images: side; moving-mnist: canvas side
+    channels: int = 1
+    num_frames: int = 8                     # moving-mnist frames; video-folder frames (or buckets)
+    frame_buckets: list[int] = field(default_factory=list)          # video-folder: allowed frame counts
+    resolution_buckets: list[list[int]] = field(default_factory=list)  # [[h, w], ...] for image/video folders
+    num_digits: int = 1                     # moving-mnist digits per clip
+    speed: float = 2.0                      # moving-mnist pixels per frame
+    length: int = 100000                    # moving-mnist clips per epoch (generated on the fly)
+    cache_dir: Optional[str] = None         # precomputed text embeddings / latents
+    num_workers: int = 0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0               # cosine floor, as a fraction of lr
+    max_grad_norm: float = 1.0              # 0 disables clipping
+    ema_decay: float = 0.0                  # 0 disables EMA
+    ema_start: int = 0
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 1000
+    batch_size: int = 32                    # global batch per optimizer step (all GPUs, all micro-batches)
+    micro_batch_size: int = 0               # per device per forward; 0 = batch_size / num_processes
+    mixed_precision: str = "no"
+    distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
+    seed: int = 0
+    compile: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 500
+    keep_last: int = 3
+    resume: Optional[str] = None            # None | "latest" | a checkpoint folder
+    save_pipeline: bool = True              # write output_dir/pipeline at the end (EMA weights if any)
+
+
+@dataclass
+class LoggingConfig:
+    every: int = 10
+    tensorboard: bool = True
+    progress: bool = True
+    sample_every: int = 0                   # 0 disables sampling during training
+    sample_steps: int = 20
+    sample_prompts: list[str] = field(default_factory=list)
+    sample_classes: list[int] = field(default_factory=lambda: list(range(10)))
+    guidance_scale: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = MISSING
+    task: str = "class-to-image"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+_CHOICES = {"task": TASKS, "objective.kind": OBJECTIVES, "objective.timestep_sampling": TIMESTEP_SAMPLING,
+            "train.mixed_precision": PRECISIONS, "data.dataset": DATASETS, "optim.schedule": SCHEDULES,
+            "finetune.mode": FINETUNE_MODES, "train.distributed": DISTRIBUTED}
+
+
+def _valid_keys(node_type, dotted: str) -> list[str]:
+    """The field names at ``dotted`` (a path into TrainConfig), for error messages."""
+    import dataclasses
+
+    cls = node_type
+    for part in [p for p in dotted.split(".") if p][:-1]:
+        f = {x.name: x for x in dataclasses.fields(cls)}.get(part)
+        if f is None or not dataclasses.is_dataclass(f.default_factory() if f.default_factory is not dataclasses.MISSING else None):
+            return []
+        cls = type(f.default_factory())
+    return sorted(x.name for x in dataclasses.fields(cls))
+
+
+def _explain(err: OmegaConfBaseException, source: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or ""
+    msg = str(err).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        valid = _valid_keys(TrainConfig, key)
+        return ConfigError(f"{source}: unknown key {key!r}; valid keys here: {valid}")
+    return ConfigError(f"{source}: bad value for {key!r}: {msg}")
+
+
+def check_config(cfg) -> None:
+    """Checks omegaconf cannot express: choices, required fields, consistency."""
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed: use one of {list(allowed)}")
+    if cfg.model.preset is None and cfg.model.pretrained is None:
+        raise ConfigError("model.preset and model.pretrained are both empty: give a preset name "
+                          "(e.g. dit-tiny) or a pretrained folder")
+    if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
+        raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}")
+    if cfg.train.batch_size < 1 or cfg.train.max_steps < 1:
+        raise ConfigError("train.batch_size and train.max_steps must be >= 1")
+    if cfg.finetune.mode in ("full", "lora", "convert") and cfg.model.pretrained is None:
+        raise ConfigError(f"finetune.mode={cfg.finetune.mode!r} needs model.pretrained (the checkpoint to start from)")
+    if cfg.finetune.mode == "convert" and cfg.model.attention is None:
+        raise ConfigError("finetune.mode='convert' needs model.attention (e.g. mhla or wan-mhla-h)")
+    if cfg.finetune.distill_weight > 0 and cfg.finetune.mode != "convert":
+        raise ConfigError("finetune.distill_weight > 0 applies only with finetune.mode='convert'")
+    if not 0 <= cfg.optim.ema_decay < 1:
+        raise ConfigError(f"optim.ema_decay={cfg.optim.ema_decay} must be in [0, 1)")
+    resume = cfg.checkpoint.resume
+    if resume not in (None, "latest") and not Path(resume).is_dir():
+        raise ConfigError(f"checkpoint.resume={resume!r} is neither 'latest' nor an existing checkpoint folder")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> TrainConfig:
+    """TrainConfig from a YAML file plus dotlist overrides, type-checked and validated."""
+    schema = OmegaConf.structured(TrainConfig)
+    try:
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file {str(path)!r} does not exist")
+            schema = OmegaConf.merge(schema, OmegaConf.load(path))
+        if overrides:
+            schema = OmegaConf.merge(schema, OmegaConf.from_dotlist(list(overrides)))
+        OmegaConf.to_container(schema, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        raise _explain(err, str(path) if path else "config") from None
+    check_config(schema)
+    return schema
+
+
+def save_config(cfg, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,46 @@
+"""Choose the dataset a config names, and batch items into tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from .image_folder import ImageFolderDataset
+from .mnist import MNISTDataset
+from .moving_mnist import MovingMNISTDataset
+from .video_folder import VideoFolderDataset
+
+
+def build_dataset(data, task: str, seed: int = 0):
+    """data: the ``DataConfig`` section; task: the model's task (decides labels vs captions)."""
+    text = task != "class-to-image"
+    if data.dataset == "mnist":
+        if task == "text-to-video":
+            raise ValueError("data.dataset='mnist' gives images; task='text-to-video' needs 'moving-mnist' "
+                             "or 'video-folder'")
+        return MNISTDataset(data.split, data.resolution, data.channels, captions=text)
+    if not text:
+        raise ValueError(f"data.dataset={data.dataset!r} has captions, not class labels; task='class-to-image' "
+                         f"needs data.dataset='mnist'")
+    if data.dataset == "moving-mnist":
+        return MovingMNISTDataset(resolution=data.resolution, num_frames=data.num_frames, num_digits=data.num_digits,
+                                  speed=data.speed, length=data.length, channels=data.channels, split=data.split,
+                                  seed=seed)
+    if data.dataset == "image-folder":
+        return ImageFolderDataset(data.path, resolution=data.resolution, channels=data.channels,
+                                  resolution_buckets=data.resolution_buckets)
+    return VideoFolderDataset(data.path, num_frames=data.num_frames, resolution=data.resolution,
+                              channels=data.channels, frame_buckets=data.frame_buckets,
+                              resolution_buckets=data.resolution_buckets)
+
+
+def collate(items: list[dict]) -> dict:
+    """Stack pixels; labels become a tensor, captions stay a list; ``index`` is kept for caches."""
+    batch = {"pixels": torch.stack([it["pixels"] for it in items])}
+    if "label" in items[0]:
+        batch["label"] = torch.tensor([it["label"] for it in items])
+    if "caption" in items[0]:
+        batch["caption"] = [it["caption"] for it in items]
+    for key in ("latents", "text_embeds", "text_mask"):
+        if key in items[0]:
+            batch[key] = torch.stack([it[key] for it in items])
+    return batch
