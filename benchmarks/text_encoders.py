@@ -198,6 +198,7 @@ def main(argv=None):
     p.add_argument("--save-distilled", default=None, help="directory to save distilled encoders in")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--no-latency", action="store_true", help="skip the latency tables (quality only)")
     p.add_argument("--out", default=None, help="append the tables to this markdown file")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -216,12 +217,14 @@ def main(argv=None):
     header = [f"## Text encoders ({'tiny, ' if args.tiny else ''}{name}, {dtype}, torch {torch.__version__}, "
               f"fla {'yes' if fla_available() else 'no'})", ""]
     print("\n".join(header), flush=True)
-    out = header + ["### Encoding latency (forward, whole encoder)", ""]
-    out += encoding_table(args, device, dtype, shape) + [""]
-    out += ["### Decode latency per token (one attention layer, cache of ctx tokens)", ""]
-    out += decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES) + [""]
-    out += ["### HLA chunk skipping (beyond the paper), random weights", ""]
-    out += skipping_table(args, device, dtype, shape) + [""]
+    out = list(header)
+    if not args.no_latency:
+        out += ["### Encoding latency (forward, whole encoder)", ""]
+        out += encoding_table(args, device, dtype, shape) + [""]
+        out += ["### Decode latency per token (one attention layer, cache of ctx tokens)", ""]
+        out += decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES) + [""]
+        out += ["### HLA chunk skipping (beyond the paper), random weights", ""]
+        out += skipping_table(args, device, dtype, shape) + [""]
     if args.distill_steps > 0:
         out += ["### Distilled encoders vs MiniLM (held-out prompts)", ""]
         out += quality_table(args, device) + [""]

@@ -111,8 +111,8 @@ def test_sdpa_init_copies_minilm_exactly_where_causal_cannot_matter(minilm):
     torch.testing.assert_close(student(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["mlra2", "mlra4"])
-def test_mlra_init_from_minilm_is_close(attention, minilm, tokenizer):
+@pytest.mark.parametrize("attention,floor", [("mlra2", 0.6), ("mlra4", 0.6), ("hla", 0.4)])
+def test_init_from_minilm_is_close(attention, floor, minilm, tokenizer):
     student = encoder_from_minilm(attention, calibration_prompts=32)
     prompts = make_prompts(16, "heldout")
     sim = sentence_similarity(student, minilm.model, tokenizer, prompts)
@@ -121,7 +121,7 @@ def test_mlra_init_from_minilm_is_close(attention, minilm, tokenizer):
                                                    hidden_size=384, num_heads=12).eval(),
 
                                minilm.model, tokenizer, prompts)
-    assert sim > 0.6 and sim > base + 0.3                              # SVD latents carry MiniLM over
+    assert sim > floor and sim > base + 0.3                            # MiniLM's weights carry over
 
 
 def test_distillation_reduces_the_loss(minilm, tokenizer):

@@ -1,7 +1,8 @@
 """Initialise a ``MediagenTextEncoder`` from all-MiniLM-L6-v2: copy what maps, factor what does not.
 
 Copied as is: token embeddings (+ the type-0 embedding as ``type_embedding``), absolute positions,
-every LayerNorm, the FFNs, and for ``sdpa``/``hla`` the q, k, v and output projections.
+every LayerNorm, the FFNs, and for ``sdpa``/``hla`` the q, k, v and output projections. HLA's output
+RMSNorm gets the per-channel RMS of MiniLM's attention context, so its output has MiniLM's scale.
 
 MLRA has no full-rank K/V: keys and values come from 4 latent heads of d_c/4. On calibration
 activations X (the layer's inputs for real tokens of a prompt corpus) we factor [W_k; W_v] X by SVD:
@@ -35,6 +36,25 @@ def calibration_inputs(teacher, tokenizer, prompts: list[str], max_length: int =
     out = teacher(**batch, output_hidden_states=True)
     real = batch["attention_mask"].bool()
     return [h[real].double() for h in out.hidden_states[:-1]]
+
+
+@torch.no_grad()
+def calibration_context_rms(teacher, tokenizer, prompts: list[str], max_length: int = 64) -> list[torch.Tensor]:
+    """Per layer, the RMS of MiniLM's attention context (softmax(QK^T)V, before the output
+    projection) per head channel, over real tokens and heads: list of (d_h,) tensors."""
+    batch = tokenizer(prompts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    real = batch["attention_mask"].bool()
+    heads = teacher.config.num_attention_heads
+    found, hooks = [], []
+    for layer in teacher.encoder.layer:
+        hooks.append(layer.attention.output.dense.register_forward_pre_hook(
+            lambda mod, inp: found.append(inp[0][real].unflatten(-1, (heads, -1)))))
+    try:
+        teacher(**batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [ctx.double().pow(2).mean(dim=(0, 1)).sqrt() for ctx in found]
 
 
 def _bert_layer(sd: dict, i: int) -> dict:
@@ -122,9 +142,12 @@ def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config
     model.position_embeddings.weight.copy_(sd["embeddings.position_embeddings.weight"])
     model.embed_norm.weight.copy_(sd["embeddings.LayerNorm.weight"])
     model.embed_norm.bias.copy_(sd["embeddings.LayerNorm.bias"])
-    inputs = None
+    inputs = contexts = None
+    prompts = make_prompts(calibration_prompts, "train", seed=1)
     if attention in ("mlra2", "mlra4"):
-        inputs = calibration_inputs(teacher, tokenizer, make_prompts(calibration_prompts, "train", seed=1))
+        inputs = calibration_inputs(teacher, tokenizer, prompts)
+    if attention == "hla":
+        contexts = calibration_context_rms(teacher, tokenizer, prompts)
     for i, layer in enumerate(model.layers):
         w = _bert_layer(sd, i)
         attn = layer.attn
@@ -132,6 +155,8 @@ def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config
             for name in ("q", "k", "v"):
                 _copy_linear(getattr(attn, f"{name}_proj"), w[name])
             _copy_linear(attn.out_proj, w["o"])
+            if contexts is not None:                                   # HLA: match MiniLM's context scale
+                attn.out_norm.weight.copy_(contexts[i])
         else:
             map_mlra(attn, w, inputs[i])
         for mod, key in ((layer.attn_norm, "ln1"), (layer.ffn_in, "ffn_in"), (layer.ffn_out, "ffn_out"),
