@@ -12,7 +12,9 @@ COMMANDS = {
     "bench": "mediagen.eval.bench_cli",
     "fid": "mediagen.eval.fid_cli",
     "vbench": "mediagen.eval.vbench_cli",
+    "attention-stats": "mediagen.eval.attention_stats_cli",
     "generate": "mediagen.pipelines.generate_cli",
+    "train": "mediagen.training.train_cli",
 }
 
 

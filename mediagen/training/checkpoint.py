@@ -1,0 +1,201 @@
+"""Training checkpoints: safetensors for every tensor, JSON for the rest; never a pickle.
+
+    <output_dir>/checkpoints/checkpoint-0000100/
+        model.safetensors            trainable model's full state dict (LoRA / Mc included)
+        ema.safetensors              EMA weights (when EMA is on)
+        optimizer.safetensors        optimizer state, flattened: "<param name>/<key>" -> tensor
+        optimizer.json               param_groups and the non-tensor state
+        rng-<rank>.safetensors/.json torch (CPU + CUDA), numpy and python RNG states of each process
+        state.json                   step, LR-scheduler state, EMA update count
+
+Atomicity: everything is written into ``.tmp-checkpoint-0000100``, flushed to disk, and the folder
+is then renamed to its final name (a rename within one filesystem is atomic). A process killed at
+any moment leaves either a complete ``checkpoint-*`` folder or a ``.tmp-*`` one, which is ignored
+and removed by the next save. ``resume: latest`` picks the highest complete step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
+    root = checkpoint_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := NAME.match(p.name))]
+    return sorted(found)
+
+
+def find_resume(output_dir, resume: str | None) -> Path | None:
+    """The folder to resume from: None, 'latest' (None if there is none yet) or a path."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        found = list_checkpoints(output_dir)
+        return found[-1][1] if found else None
+    path = Path(resume)
+    if not (path / "state.json").is_file():
+        raise ValueError(f"checkpoint.resume={resume!r} is not a checkpoint folder (no state.json)")
+    return path
+
+
+# --- flattening state dicts into tensors + JSON ------------------------------------------------
+
+def flatten_optimizer_state(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, other = {}, {}
+    for name, state in sd["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                other.setdefault(str(name), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "other": other}
+
+
+def unflatten_optimizer_state(tensors: dict, meta: dict) -> dict:
+    state: dict = {}
+    for flat, value in tensors.items():
+        name, key = flat.rsplit("/", 1)
+        state.setdefault(name, {})[key] = value
+    for name, extra in meta["other"].items():
+        state.setdefault(name, {}).update(extra)
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda{i}"] = s
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    tensors["numpy"] = torch.from_numpy(keys.astype(np.int64))
+    version, py_state, py_gauss = random.getstate()
+    meta = {"numpy": [kind, int(pos), int(has_gauss), float(gauss)],
+            "python": [version, list(py_state), py_gauss]}
+    return tensors, meta
+
+
+def set_rng_state(tensors: dict, meta: dict) -> None:
+    torch.set_rng_state(tensors["torch"])
+    if torch.cuda.is_available():
+        states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("cuda"))]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+    kind, pos, has_gauss, gauss = meta["numpy"]
+    np.random.set_state((kind, tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, py_state, py_gauss = meta["python"]
+    random.setstate((version, tuple(py_state), py_gauss))
+
+
+# --- writing -------------------------------------------------------------------------------
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=1))
+
+
+def tmp_dir_for(output_dir, step: int) -> Path:
+    return checkpoint_dir(output_dir) / f".tmp-checkpoint-{step:07d}"
+
+
+def prepare_tmp(output_dir, step: int) -> Path:
+    """(main process) a fresh temporary folder; stale ones from killed saves are removed."""
+    root = checkpoint_dir(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-checkpoint-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = tmp_dir_for(output_dir, step)
+    tmp.mkdir()
+    return tmp
+
+
+def write_rng(tmp: Path, rank: int) -> None:
+    tensors, meta = rng_state()
+    save_file(tensors, str(tmp / f"rng-{rank}.safetensors"))
+    _write_json(tmp / f"rng-{rank}.json", meta)
+
+
+def write_main(tmp: Path, *, step: int, model_state: dict, optimizer_state: dict, scheduler_state: dict,
+               ema=None) -> None:
+    """(main process) everything but the RNG files."""
+    save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"))
+    tensors, meta = flatten_optimizer_state(optimizer_state)
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    _write_json(tmp / "optimizer.json", meta)
+    state = {"step": step, "scheduler": scheduler_state, "ema_updates": None}
+    if ema is not None:
+        save_file({k: v.contiguous() for k, v in ema.state_dict().items()}, str(tmp / "ema.safetensors"))
+        state["ema_updates"] = ema.updates
+    _write_json(tmp / "state.json", state)  # written last: its presence marks the content complete
+
+
+def publish(output_dir, step: int, keep_last: int) -> Path:
+    """(main process) flush, rename the temporary folder into place, drop the oldest beyond keep_last."""
+    tmp = tmp_dir_for(output_dir, step)
+    _fsync_tree(tmp)
+    final = checkpoint_dir(output_dir) / f"checkpoint-{step:07d}"
+    if final.exists():  # the same step saved again (e.g. the last step after a resume): replace it
+        old = final.with_name(f".old-{final.name}")
+        final.rename(old)
+        shutil.rmtree(old)
+    tmp.rename(final)
+    if keep_last > 0:
+        for _, path in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(path, ignore_errors=True)
+    return final
+
+
+# --- reading -------------------------------------------------------------------------------
+
+def read_state(folder: Path) -> dict:
+    return json.loads((Path(folder) / "state.json").read_text())
+
+
+def read_model(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def read_optimizer(folder: Path) -> dict:
+    folder = Path(folder)
+    return unflatten_optimizer_state(load_file(str(folder / "optimizer.safetensors")),
+                                     json.loads((folder / "optimizer.json").read_text()))
+
+
+def read_ema(folder: Path) -> dict[str, torch.Tensor] | None:
+    path = Path(folder) / "ema.safetensors"
+    return load_file(str(path)) if path.is_file() else None
+
+
+def restore_rng(folder: Path, rank: int) -> None:
+    folder = Path(folder)
+    path = folder / f"rng-{rank}.safetensors"
+    if not path.is_file():  # resumed on more processes than saved: reuse rank 0's
+        path = folder / "rng-0.safetensors"
+    set_rng_state(load_file(str(path)), json.loads(path.with_suffix(".json").read_text()))

@@ -1,0 +1,101 @@
+"""From a training run to ``mediagen.pipelines``: build the pipeline around the trained transformer,
+write sample images/videos during training, and save the final pipeline folder."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..pipelines.class_image import ClassConditionalImagePipeline
+from ..pipelines.export import save_image, save_video
+from ..pipelines.schedulers import make_scheduler
+from ..pipelines.text_image import TextToImagePipeline
+from ..pipelines.text_video import TextToVideoPipeline
+
+DEFAULT_PROMPTS = ["the digit 3 moves left", "the digit 7 moves down"]
+
+
+def make_pipeline(components, transformer, scheduler: str, shift: float):
+    sched = make_scheduler(scheduler, shift)
+    if components.task == "class-to-image":
+        return ClassConditionalImagePipeline(transformer=transformer, scheduler=sched, vae=components.vae)
+    cls = TextToImagePipeline if components.task == "text-to-image" else TextToVideoPipeline
+    return cls(transformer=transformer, scheduler=sched, vae=components.vae, text_encoder=components.text_encoder,
+               tokenizer=components.tokenizer)
+
+
+def merged_copy(model, is_lora: bool):
+    """A plain (no peft layers) copy of the model for saving: LoRA fused into the weights."""
+    model = copy.deepcopy(model)
+    if is_lora:
+        model.fuse_lora()
+        model.unload_lora()
+    return model.eval()
+
+
+@torch.no_grad()
+def write_samples(run, step: int, folder: Path, writer=None) -> list[Path]:
+    """Sample with the current (EMA if any) weights; PNGs for images, GIFs for videos."""
+    cfg, comp = run.cfg, run.components
+    model = run.unwrapped
+    folder.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    ctx = run.ema.applied(model) if run.ema is not None else nullcontext()
+    paths = []
+    with ctx:
+        pipe = make_pipeline(comp, model, run.objective.sampling_scheduler(), cfg.objective.shift)
+        pipe.set_progress_bar_config(disable=True)
+        g = torch.Generator().manual_seed(cfg.train.seed)
+        lg = cfg.logging
+        size = cfg.data.resolution
+        if comp.task == "class-to-image":
+            images = pipe(class_labels=list(lg.sample_classes), num_inference_steps=lg.sample_steps,
+                          guidance_scale=lg.guidance_scale, generator=g, output_type="np").images
+            for label, im in zip(lg.sample_classes, images):
+                paths.append(save_image(im, folder / f"class{label}.png"))
+            grid = images
+        else:
+            prompts = list(lg.sample_prompts) or DEFAULT_PROMPTS
+            common = dict(prompt=prompts, height=size, width=size, num_inference_steps=lg.sample_steps,
+                          guidance_scale=lg.guidance_scale, generator=g, output_type="np",
+                          max_sequence_length=cfg.model.text_max_length)
+            if comp.task == "text-to-image":
+                grid = pipe(**common).images
+                for i, im in enumerate(grid):
+                    paths.append(save_image(im, folder / f"prompt{i}.png"))
+            else:
+                videos = pipe(num_frames=cfg.data.num_frames, **common).frames
+                for i, v in enumerate(videos):
+                    paths.append(save_video(v, folder / f"prompt{i}.gif"))
+                grid = np.stack([v[0] for v in videos])
+                if writer is not None:
+                    writer.add_video("samples/video", torch.from_numpy(np.asarray(videos)).permute(0, 1, 4, 2, 3),
+                                     step, fps=4)
+        if writer is not None:
+            writer.add_images("samples/images", np.asarray(grid), step, dataformats="NHWC")
+    model.train(was_training)
+    return paths
+
+
+def save_final_pipeline(run, folder: Path) -> Path:
+    """Write a pipeline folder ``mediagen generate`` / ``build_pipeline`` can load (EMA weights if any)."""
+    ctx = run.ema.applied(run.unwrapped) if run.ema is not None else nullcontext()
+    with ctx:
+        model = merged_copy(run.unwrapped, run.components.is_lora)
+    pipe = make_pipeline(run.components, model, run.objective.sampling_scheduler(), run.cfg.objective.shift)
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    pipe.save_pretrained(str(tmp), safe_serialization=True)
+    if folder.exists():
+        import shutil
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    if run.components.is_lora:
+        run.unwrapped.save_lora_adapter(str(folder.parent / "lora"), safe_serialization=True)
+    return folder

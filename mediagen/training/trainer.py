@@ -1,0 +1,318 @@
+"""The training loop: one optimizer step = one global batch, split over processes and micro-batches.
+
+    for step in start+1 .. max_steps:
+        for each micro-batch m of this process:
+            x0 = latents(pixels); x_t, t, target = objective(x0, seed, step, positions)
+            loss = mse(model(x_t, t, condition), target) [+ w * mse(model, teacher)]
+            backward(loss / accumulation)          (gradients synchronised on the last micro-batch)
+        clip, AdamW step, LR schedule step, Mc clipping (MHLA), EMA update
+        log; sample every N; checkpoint every N (atomic)
+
+Everything random in a step is a function of (seed, step, position in the global batch), and the
+batches are a function of (seed, step) (``data.sampler``), so a resumed run repeats exactly the
+losses it would have had, and 1 or 2 GPUs see the same global batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from ..attention import register_mix_clipping
+from . import checkpoint as ckpt
+from .components import Components, build_components
+from .conditioning import Conditioner
+from .config import save_config
+from .data import build_dataset, collate
+from .data.sampler import MicroBatchSampler, StepBatches
+from .ema import EMA
+from .export import save_final_pipeline, write_samples
+from .objectives import Objective
+from .schedule import make_lr_scheduler, make_optimizer
+
+
+class Indexed(Dataset):
+    """Adds each item's index (the key of the latent cache)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return dict(self.dataset[i], index=i)
+
+
+def indexed_collate(items):
+    batch = collate(items)
+    batch["index"] = [it["index"] for it in items]
+    return batch
+
+
+@dataclass
+class Run:
+    cfg: object
+    accelerator: object
+    components: Components
+    model: torch.nn.Module        # as prepared by accelerate (DDP/FSDP wrapper or the model)
+    unwrapped: torch.nn.Module
+    optimizer: object
+    scheduler: object
+    objective: Objective
+    conditioner: Conditioner
+    ema: EMA | None = None
+    micro: int = 1
+    accumulation: int = 1
+    losses: dict = field(default_factory=dict)
+
+
+def make_accelerator(cfg):
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plugin = None
+    if cfg.train.distributed == "fsdp" and world > 1:
+        if cfg.optim.ema_decay > 0:
+            raise ValueError("optim.ema_decay > 0 is not supported with train.distributed='fsdp' (sharded weights)")
+        plugin = FullyShardedDataParallelPlugin(use_orig_params=True, state_dict_type="FULL_STATE_DICT")
+    return Accelerator(mixed_precision=cfg.train.mixed_precision, fsdp_plugin=plugin)
+
+
+def batch_split(cfg, world: int) -> tuple[int, int]:
+    """(micro-batch per process, accumulation steps) for the global ``train.batch_size``."""
+    g = cfg.train.batch_size
+    micro = cfg.train.micro_batch_size or g // world
+    if micro < 1 or g % (micro * world):
+        raise ValueError(f"train.batch_size={g} must be a multiple of train.micro_batch_size={micro} x "
+                         f"{world} processes")
+    return micro, g // (micro * world)
+
+
+def _disable_builtin_label_dropout(model) -> None:
+    """DiT's label embedding drops labels with the global RNG; we drop them ourselves (seeded per
+    sample), so the null-class row stays but its own dropout is switched off."""
+    from diffusers.models.embeddings import LabelEmbedding
+
+    for m in model.modules():
+        if isinstance(m, LabelEmbedding):
+            m.dropout_prob = 0.0
+
+
+def predict(run: Run, model, inputs, timesteps, batch, drop, device):
+    comp = run.components
+    if comp.task == "class-to-image":
+        null = model.config.num_embeds_ada_norm if hasattr(model, "config") else run.unwrapped.config.num_embeds_ada_norm
+        labels = torch.where(drop, torch.full_like(batch["label"], null), batch["label"].to(device))
+        out = model(inputs, timestep=timesteps, class_labels=labels, return_dict=False)[0]
+    else:
+        captions = ["" if d else c for c, d in zip(batch["caption"], drop.tolist())]
+        context = run.conditioner.text_states(captions, device)
+        out = model(hidden_states=inputs, timestep=timesteps, encoder_hidden_states=context, return_dict=False)[0]
+    channels = inputs.shape[1]
+    return out[:, :channels] if out.shape[1] == 2 * channels else out  # learned sigma: keep the mean
+
+
+def compute_loss(run: Run, batch, step: int, positions: list[int]):
+    device = run.accelerator.device
+    x0 = run.conditioner.latents(batch["pixels"], batch["index"], device)
+    if run.components.task == "text-to-image" and x0.dim() == 4:
+        x0 = x0.unsqueeze(2)  # a Wan transformer sees an image as a one-frame video
+    noised = run.objective.noise(x0.float(), run.cfg.train.seed, step, positions)
+    if "label" in batch:
+        batch["label"] = batch["label"].to(device)
+    with run.accelerator.autocast():
+        pred = predict(run, run.model, noised.inputs, noised.timesteps, batch, noised.drop, device)
+        loss = F.mse_loss(pred.float(), noised.target.float())
+        distill = None
+        if run.components.teacher is not None:
+            with torch.no_grad():
+                teacher = predict(run, run.components.teacher, noised.inputs, noised.timesteps, batch, noised.drop,
+                                  device)
+            distill = F.mse_loss(pred.float(), teacher.float())
+    total = loss if distill is None else loss + run.cfg.finetune.distill_weight * distill
+    return total, loss.detach(), distill
+
+
+def save_checkpoint(run: Run, step: int) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    acc, out = run.accelerator, run.cfg.output_dir
+    model_state = acc.get_state_dict(run.model)
+    optim_state = get_optimizer_state_dict(run.model, run.optimizer.optimizer,
+                                           options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if acc.is_main_process:
+        ckpt.prepare_tmp(out, step)
+    acc.wait_for_everyone()
+    tmp = ckpt.tmp_dir_for(out, step)
+    ckpt.write_rng(tmp, acc.process_index)
+    if acc.is_main_process:
+        ckpt.write_main(tmp, step=step, model_state=model_state, optimizer_state=optim_state,
+                        scheduler_state=run.scheduler.state_dict(), ema=run.ema)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        ckpt.publish(out, step, run.cfg.checkpoint.keep_last)
+    acc.wait_for_everyone()
+
+
+def restore(run: Run, folder: Path) -> None:
+    """Optimizer, LR schedule, EMA and RNG from ``folder`` (the weights were loaded before prepare)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    state = ckpt.read_state(folder)
+    set_optimizer_state_dict(run.model, run.optimizer.optimizer, ckpt.read_optimizer(folder),
+                             options=StateDictOptions(full_state_dict=True))
+    run.scheduler.load_state_dict(state["scheduler"])
+    if run.ema is not None:
+        ema = ckpt.read_ema(folder)
+        if ema is None:
+            raise ValueError(f"{folder} has no ema.safetensors but optim.ema_decay > 0")
+        run.ema.load_state_dict({k: v.to(run.accelerator.device) for k, v in ema.items()}, state["ema_updates"])
+    ckpt.restore_rng(folder, run.accelerator.process_index)
+
+
+class Logger:
+    """metrics.jsonl (one line per step, flushed), TensorBoard scalars and a tqdm bar, main process only."""
+
+    def __init__(self, cfg, main: bool, start: int):
+        self.main, self.cfg = main, cfg
+        self.writer = self.bar = self.file = None
+        if not main:
+            return
+        out = Path(cfg.output_dir)
+        self.file = open(out / "metrics.jsonl", "a")
+        if cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=start + 1)
+        if cfg.logging.progress:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=cfg.train.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+    def step(self, step: int, metrics: dict) -> None:
+        if not self.main:
+            return
+        self.file.write(json.dumps(dict(step=step, **metrics)) + "\n")
+        self.file.flush()
+        if self.writer is not None and (step % self.cfg.logging.every == 0 or step == 1):
+            for k, v in metrics.items():
+                self.writer.add_scalar(f"train/{k}", v, step)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}",
+                                 samples_s=f"{metrics['samples_per_s']:.1f}")
+            self.bar.update(1)
+
+    def close(self):
+        for h in (self.bar, self.writer, self.file):
+            if h is not None:
+                h.close()
+
+
+def train(cfg, on_step_end=None) -> dict:
+    """Run (or resume) the training ``cfg`` describes; returns {"step", "losses": {step: loss}}.
+
+    on_step_end(step, loss) is called on every process after each optimizer step (and checkpoint).
+    """
+    from accelerate.utils import set_seed
+
+    acc = make_accelerator(cfg)
+    out = Path(cfg.output_dir)
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+    set_seed(cfg.train.seed)
+    micro, accumulation = batch_split(cfg, acc.num_processes)
+    comp = build_components(cfg)
+    dataset = build_dataset(cfg.data, cfg.task, cfg.train.seed)
+    buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
+    plan = StepBatches(buckets, cfg.train.batch_size, cfg.train.seed)
+
+    model = comp.transformer
+    _disable_builtin_label_dropout(model)
+    resume_from = ckpt.find_resume(out, cfg.checkpoint.resume)
+    start = 0
+    if resume_from is not None:
+        model.load_state_dict(ckpt.read_model(resume_from))
+        start = ckpt.read_state(resume_from)["step"]
+    device = acc.device
+    for part in (comp.vae, comp.text_encoder, comp.teacher):
+        if part is not None:
+            part.to(device)
+    optimizer = make_optimizer(model.parameters(), cfg.optim)
+    register_mix_clipping(optimizer, model)  # keeps MHLA's Mc in [0, 1]; no-op without MHLA layers
+    scheduler = make_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
+    model.train()
+    prepared, optimizer = acc.prepare(model, optimizer)
+    unwrapped = acc.unwrap_model(prepared)
+    ema = EMA(unwrapped, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
+    tag = f"{cfg.model.text_encoder}-{cfg.model.vae or 'pixels'}-{cfg.train.seed}-{cfg.model.text_max_length}"
+    conditioner = Conditioner(comp, cfg.model.text_max_length, cfg.data.cache_dir, tag.replace("/", "_"))
+    run = Run(cfg, acc, comp, prepared, unwrapped, optimizer, scheduler, Objective(cfg.objective), conditioner, ema,
+              micro, accumulation)
+    if resume_from is not None:
+        restore(run, resume_from)
+    if cfg.data.cache_dir and comp.text_encoder is not None and hasattr(dataset, "all_captions"):
+        with acc.main_process_first():
+            conditioner.precompute_text(dataset.all_captions(), device)
+
+    sampler = MicroBatchSampler(plan, start, cfg.train.max_steps, acc.process_index, acc.num_processes, accumulation)
+    loader = DataLoader(Indexed(dataset), batch_sampler=sampler, collate_fn=indexed_collate,
+                        num_workers=cfg.data.num_workers, persistent_workers=False)
+    batches = iter(loader)
+    logger = Logger(cfg, acc.is_main_process, start)
+    params = [p for p in prepared.parameters() if p.requires_grad]
+    step = start
+    try:
+        for step in range(start + 1, cfg.train.max_steps + 1):
+            t0 = time.perf_counter()
+            total = torch.zeros((), device=device)
+            distill_total = torch.zeros((), device=device)
+            for m in range(accumulation):
+                batch = next(batches)
+                first = (m * acc.num_processes + acc.process_index) * micro
+                positions = list(range(first, first + len(batch["index"])))
+                sync = nullcontext() if m == accumulation - 1 else acc.no_sync(prepared)
+                with sync:
+                    loss, mse, distill = compute_loss(run, batch, step, positions)
+                    acc.backward(loss / accumulation)
+                total += mse / accumulation
+                if distill is not None:
+                    distill_total += distill.detach() / accumulation
+            grad_norm = torch.zeros(())
+            if cfg.optim.max_grad_norm > 0:
+                grad_norm = acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None and step > cfg.optim.ema_start:
+                ema.update(unwrapped)
+            step_loss = acc.reduce(total, "mean").item()
+            metrics = {"loss": step_loss, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                       "samples_per_s": cfg.train.batch_size / (time.perf_counter() - t0)}
+            if comp.teacher is not None:
+                metrics["distill"] = acc.reduce(distill_total, "mean").item()
+            run.losses[step] = step_loss
+            logger.step(step, metrics)
+            if cfg.logging.sample_every and step % cfg.logging.sample_every == 0:
+                if acc.is_main_process and cfg.train.distributed != "fsdp":
+                    write_samples(run, step, out / "samples" / f"step-{step:07d}", logger.writer)
+                acc.wait_for_everyone()
+            if step % cfg.checkpoint.every == 0 or step == cfg.train.max_steps:
+                save_checkpoint(run, step)
+            if on_step_end is not None:
+                on_step_end(step, step_loss)
+    finally:
+        logger.close()
+    if cfg.checkpoint.save_pipeline and start < cfg.train.max_steps:
+        if acc.is_main_process and not (cfg.train.distributed == "fsdp" and acc.num_processes > 1):
+            save_final_pipeline(run, out / "pipeline")
+        acc.wait_for_everyone()
+    acc.end_training()
+    return {"step": step, "losses": run.losses}
