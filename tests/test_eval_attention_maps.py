@@ -110,3 +110,15 @@ def test_recorder_on_a_converted_diffusers_model():
     mh = next(s for s in stats.values() if s["kind"] == "MHLAttention")
     assert mh["rank_mean"] < soft["rank_mean"] and mh["rank_mean"] <= 4 * 16  # M * d bounds MHLA's rank
     torch.nn.functional.scaled_dot_product_attention(q := torch.randn(1, 1, 4, 16), q, q)  # unpatched again
+
+
+def test_attention_stats_command(tmp_path):
+    import json
+
+    from mediagen.cli import main
+
+    out = tmp_path / "stats.json"
+    assert main(["attention-stats", "--checkpoint", "dit-tiny", "--attention", "linear", "--out", str(out)]) == 0
+    layers = json.loads(out.read_text())["layers"]
+    assert len(layers) == 2 and all(s["kind"] == "LinearAttention" for s in layers.values())
+    assert all(s["rank_mean"] <= 16 for s in layers.values())  # head dim 16 bounds linear attention's rank

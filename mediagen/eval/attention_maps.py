@@ -99,7 +99,8 @@ class AttentionRecorder:
     models included) and diffusers ``Attention`` modules that run softmax through torch's
     ``scaled_dot_product_attention`` (recorded while the call is inside such a module, patched only
     inside the ``with`` block; cross-attention, masked and causal calls are skipped). Layers with
-    more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit.
+    more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit. MHLA
+    layers converted with rope="features" bypass their core module and are not recorded.
     """
 
     def __init__(self, model, max_tokens: int = 4096):
