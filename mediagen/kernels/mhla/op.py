@@ -12,6 +12,11 @@ import os
 from .checks import check_mhla_args
 from .naive import mhla_reference
 
+try:  # triton ships with CUDA builds of torch on Linux; elsewhere only the reference runs
+    from .triton_op import mhla_triton
+except ImportError:  # pragma: no cover - platform without triton
+    mhla_triton = None
+
 BACKENDS = ("auto", "triton", "reference")
 
 
@@ -36,7 +41,7 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
     if resolve_backend(backend, q.device) == "reference":
         return mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, eps=eps,
                               feature_map=feature_map, scale=scale)
-    from .triton_op import mhla_triton  # imported late: triton is only needed on this path
-
+    if mhla_triton is None:
+        raise ValueError("backend='triton' needs the triton package, which is not installed here")
     return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
                        feature_map=feature_map, scale=scale, algorithm=algorithm)

@@ -1,0 +1,139 @@
+"""Sequence-parallel MHLA: tokens sharded over ranks by whole blocks, only block summaries travel.
+
+Each rank holds a slab of whole blocks along the first grid axis (frames for video): with
+blocks[0] = b_F divisible by the world size P, rank r owns block rows [r*b_F/P, (r+1)*b_F/P) and so
+the contiguous token range of those rows. One layer:
+
+    forward   local summaries (S_b, z_b) of its M/P blocks -> all-gather (every rank: all M)
+              -> mix its own query rows, S~_i = sum_b Mc[i, b] S_b -> outputs of its tokens
+    backward  local dS~_i and dq -> dS_b = sum_i Mc[i, b] dS~_i over its query rows, for all b
+              -> reduce-scatter (each rank: the sum for its own blocks) -> dk, dv locally;
+              dMc rows i = <dS~_i, S_b>, all-reduced so every rank holds the full dMc.
+
+Bytes sent per rank and layer: the all-gather and reduce-scatter of B*H*M*(D*D + D) fp32 values,
+independent of the number of tokens at a fixed block count. Softmax attention spread over ranks
+(Ulysses all-to-all or ring passes) moves q/k/v-sized tensors instead, growing with the sequence.
+
+dMc is the gradient of the whole sequence on every rank: do not average Mc's gradient again over
+the sequence-parallel group (average only over data-parallel replicas).
+
+The local pieces run on the Triton kernels (CUDA, or the Triton interpreter in the CPU tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..kernels.mhla.checks import check_mhla_args
+from ..kernels.mhla.layout import block_token_lists
+
+
+def shard_layout(grid, blocks, rank: int, world: int):
+    """(first token, end token, local order, local offsets) of ``rank``'s slab of whole blocks."""
+    grid, blocks = tuple(grid), tuple(blocks)
+    if blocks[0] % world:
+        raise ValueError(f"blocks[0]={blocks[0]} must be divisible by the world size {world} so that every "
+                         f"rank holds whole blocks along the first grid axis")
+    M = math.prod(blocks)
+    m_local = M // world
+    order, offsets, _ = block_token_lists(grid, blocks, torch.device("cpu"))
+    lo_block, hi_block = rank * m_local, (rank + 1) * m_local
+    start, end = int(offsets[lo_block]), int(offsets[hi_block])
+    local_order = (order[start:end] - order[start:end].min()).to(torch.int32)
+    first_token = int(order[start:end].min())
+    local_offsets = (offsets[lo_block:hi_block + 1] - start).to(torch.int32)
+    return first_token, first_token + (end - start), local_order, local_offsets
+
+
+def shard_tokens(x: torch.Tensor, grid, blocks, rank: int, world: int) -> torch.Tensor:
+    """The slab of tokens (dim 1 of a (B, N, ...) tensor) that ``rank`` holds."""
+    first, end, _, _ = shard_layout(grid, blocks, rank, world)
+    return x[:, first:end]
+
+
+def _gather_blocks(local: torch.Tensor, group) -> torch.Tensor:
+    """(B, H, M/P, X) per rank -> (B, H, M, X), ranks in order."""
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    return torch.cat(parts, dim=2)
+
+
+def _reduce_scatter_blocks(full: torch.Tensor, group) -> torch.Tensor:
+    """Sum (B, H, M, X) over ranks; each rank keeps its (B, H, M/P, X) slice."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    m_local = full.shape[2] // world
+    if dist.get_backend(group) == "nccl":
+        chunks = full.unflatten(2, (world, m_local)).movedim(2, 0).contiguous()
+        out = torch.empty_like(chunks[0])
+        dist.reduce_scatter_tensor(out, chunks, group=group)
+        return out
+    dist.all_reduce(full, group=group)  # gloo has no reduce-scatter: reduce all, keep ours
+    return full[:, :, rank * m_local:(rank + 1) * m_local].contiguous()
+
+
+class _SequenceParallelMHLA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mix, order, offsets, group, normalize, eps, fcode, scale):
+        from ..kernels.mhla import triton_op as T
+
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        M = mix.shape[-1]
+        m_local = M // world
+        rows = slice(rank * m_local, (rank + 1) * m_local)
+        sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode)
+        sz_all = _gather_blocks(sz_local, group)
+        mix_rows = mix[..., rows, :]
+        mixed = torch.matmul(mix_rows.float(), sz_all)  # (B, H, M/P, X)
+        o = T.launch_apply(q, mixed.contiguous(), order, offsets, m_local, 1, normalize, eps, scale, fcode)
+        ctx.save_for_backward(q, k, v, mix, o, sz_all, mixed, order, offsets)
+        ctx.args = (group, normalize, eps, fcode, scale, rows)
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        from ..kernels.mhla import triton_op as T
+
+        q, k, v, mix, o, sz_all, mixed, order, offsets = ctx.saved_tensors
+        group, normalize, eps, fcode, scale, rows = ctx.args
+        m_local = mixed.shape[2]
+        dq, dmixed = T.launch_query_grad(q, g.contiguous(), o, mixed, order, offsets, m_local, 1, normalize, eps,
+                                         scale, fcode)
+        mix_rows = mix[..., rows, :].float()
+        dsz_all = torch.matmul(mix_rows.transpose(-1, -2), dmixed)           # (B, H, M, X), our rows' part
+        dsz_local = _reduce_scatter_blocks(dsz_all, group)
+        dk, dv = T.launch_key_grad(k, v, dsz_local, order, offsets, m_local, 1, fcode)
+        drows = torch.matmul(dmixed, sz_all.transpose(-1, -2)).sum(0)         # (H, M/P, M)
+        dmix = torch.zeros(mix.shape, device=mix.device, dtype=torch.float32)
+        if mix.dim() == 3:
+            dmix[:, rows] = drows
+        else:
+            dmix[rows] = drows.sum(0)
+        dist.all_reduce(dmix, group=group)
+        return dq, dk, dv, dmix.to(mix.dtype), None, None, None, None, None, None, None
+
+
+def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=True, eps=1e-6, feature_map=None,
+                           scale=None):
+    """MHLA over a token grid sharded across the ranks of ``group`` by whole blocks.
+
+    q, k, v: this rank's slab (B, N_r, H, D), as ``shard_tokens`` cuts it; grid and blocks are the
+    global ones; mix (M, M) or (H, M, M) is replicated. Returns this rank's output slab.
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    first, end, order, offsets = shard_layout(grid, blocks, rank, world)
+    if q.shape[1] != end - first:
+        raise ValueError(f"q holds {q.shape[1]} tokens but rank {rank} of {world} owns {end - first} tokens of "
+                         f"grid={tuple(grid)} with blocks={tuple(blocks)} (cut with shard_tokens)")
+    full_n = math.prod(grid)
+    # validate against the global problem with a zero-stride stand-in of the full token count
+    stand_in = q[:, :1].expand(q.shape[0], full_n, *q.shape[2:])
+    check_mhla_args(stand_in, stand_in, stand_in, mix, grid, blocks, normalize, eps, feature_map, scale)
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v must have one shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    fcode = {None: 0, "relu": 1, "elu1": 2}[feature_map]
+    return _SequenceParallelMHLA.apply(q, k, v, mix, order.to(q.device), offsets.to(q.device), group, normalize,
+                                       float(eps), fcode, 1.0 if scale is None else float(scale))
