@@ -108,16 +108,24 @@ def hla_walk(o_intra, r, a, b, gates):
     r <- (1-g) r + g A_j^T r (row form: r A_j). Step s serves every query chunk c >= s with j = c - s,
     as one batched GEMM over chunks, so nC - 1 steps in all.
     """
-    nc = b.shape[2]
+    nc, dk = b.shape[2], a.shape[-1]
     out = o_intra.clone()
+    step_map = _step_maps(a, b)                                       # [A - I | b], one GEMM per step
     rows = r                                                          # rows[:, :, i] is query chunk s-1+i
     for s in range(1, nc):
         rows = rows[:, :, 1:]                                         # query chunks c = s .. nC-1
         past = torch.arange(nc - s, device=b.device)
         g = gates[:, :, past + s, :, past].movedim(0, 2)[..., None]  # (B,H,nC-s,C,1)
-        out[:, :, s:] += g * (rows @ b[:, :, : nc - s])
-        rows = rows + g * (rows @ a[:, :, : nc - s] - rows)
+        y = g * (rows @ step_map[:, :, : nc - s])                     # g r(A - I) | g r b
+        out[:, :, s:] += y[..., dk:]
+        rows = rows + y[..., :dk]
     return out
+
+
+def _step_maps(a, b):
+    """[A - I | b] per chunk (B,H,nC,K,K+V): r (A^ - I) = g r (A - I) and r b^ = g r b in one product."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return torch.cat([a - eye, b], dim=-1)
 
 
 def select_chunks(gates, *, top_k: int | None = None, threshold: float | None = None):
@@ -146,22 +154,23 @@ def hla_walk_sparse(o_intra, r, a, b, gates, keep):
     A skipped chunk is exactly a chunk whose gate is 0 (r passes unchanged, no output), so with
     keep = all past pairs this equals ``hla_walk``. Steps = the largest kept count per query chunk.
     """
-    bsz, h, nc = b.shape[:3]
+    nc, dk = b.shape[2], a.shape[-1]
     j = torch.arange(nc, device=b.device)
     order = torch.where(keep, j, -1).sort(dim=-1, descending=True).values  # kept chunks first, newest first
     steps = int(keep.sum(-1).max().item()) if keep.numel() else 0
+    step_map = _step_maps(a, b)
     out = o_intra.clone()
     rows = r
     for m in range(steps):
         idx = order[..., m]                                            # (B,H,nC), -1 = nothing left
         valid = idx >= 0
         idx_c = idx.clamp_min(0)
-        a_sel = torch.gather(a, 2, idx_c[..., None, None].expand(-1, -1, -1, *a.shape[-2:]))
-        b_sel = torch.gather(b, 2, idx_c[..., None, None].expand(-1, -1, -1, *b.shape[-2:]))
+        m_sel = torch.gather(step_map, 2, idx_c[..., None, None].expand(-1, -1, -1, *step_map.shape[-2:]))
         g = torch.gather(gates, 4, idx_c[..., None, None].expand(-1, -1, -1, gates.shape[3], 1))
         g = g * valid[..., None, None]
-        out = out + g * (rows @ b_sel)
-        rows = rows + g * (rows @ a_sel - rows)
+        y = g * (rows @ m_sel)
+        out = out + y[..., dk:]
+        rows = rows + y[..., :dk]
     return out
 
 
