@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mediagen.eval.attention_bench import bench_attention, markdown_table  # noqa: E402
+from mediagen.eval.attention_bench import GPU_SHAPES, bench_attention, markdown_table  # noqa: E402
 
 
 def main():
@@ -24,17 +24,18 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    parts = []
-    rows, bw = bench_attention("cuda", dtype)
-    head = (f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
-            f"{args.dtype} · copy bandwidth {bw / 1e12:.2f} TB/s (read+write)\n"
-            f"command: python benchmarks/attention.py {' '.join(sys.argv[1:])}")
-    parts.insert(0, head + "\n\n" + markdown_table(rows))
-    text = "\n\n".join(parts)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+    rows = []
+    for shape in GPU_SHAPES:  # one shape at a time, so a time limit keeps the shapes already done
+        new, bw = bench_attention("cuda", dtype, shapes=[shape])
+        rows += new
+        head = (f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
+                f"{args.dtype} · copy bandwidth {bw / 1e12:.2f} TB/s (read+write)\n"
+                f"command: python benchmarks/attention.py {' '.join(sys.argv[1:])}")
+        text = head + "\n\n" + markdown_table(rows)
+        print(markdown_table(new), flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all OUTDIR
+# Each step is time-boxed so that the whole run fits one 10-minute command.
+set -u
+part=$1; out=$2
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+fi
+run() {  # run NAME SECONDS CMD...: time-boxed, output kept under $out/NAME.txt
+  local name=$1 secs=$2; shift 2
+  echo "=== $name: $*"
+  timeout "$secs" "$@" > "$out/$name.txt" 2>&1; echo "=== $name exit $?"
+  grep -v -i -E "warn|^\s*$" "$out/$name.txt" | tail -n 40
+}
+case $part in
+all)
+  run gpu_tests 80 python3 -m pytest -q tests/test_mhla_triton.py -k "real_sizes or half or alternative or several or compiles or dispatch"
+  run attention 190 python3 benchmarks/attention.py --out "$out/attention.md"
+  run wan_layer 45 python3 benchmarks/wan_model.py --skip-model --modes eager
+  run wan_model 100 python3 benchmarks/wan_model.py --sizes 81x480x832 --modes eager --skip-layer --blocks 3,5,4
+  run dit 55 python3 benchmarks/dit_images.py --modes eager
+  run text 80 python3 benchmarks/text_encoders.py --iters 5
+  ;;
+*) echo "unknown part $part"; exit 2 ;;
+esac
