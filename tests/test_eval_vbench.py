@@ -115,9 +115,30 @@ def test_two_digits_count_and_identity():
         "digit_identity": 1.0, "motion_direction": 1.0, "digit_count": 1.0}
 
 
+def test_each_digit_its_own_direction():
+    """Training captions give each digit its own direction: 7 moves left while 0 moves down."""
+    a, b = _digit(7), _digit(0)
+    frames = []
+    for t in range(8):
+        frame = np.zeros((64, 96), np.uint8)
+        frame[4:32, 60 - 3 * t:88 - 3 * t] = a   # the 7 moves left along the top
+        frame[20 + 2 * t:48 + 2 * t, 4:32] = b   # the 0 moves down on the left
+        frames.append(np.repeat(frame[..., None], 3, -1))
+    video = np.stack(frames)
+    good = semantic_scores(video, parse_prompt("the digit 7 moves left while the digit 0 moves down"))
+    assert good == {"digit_identity": 1.0, "motion_direction": 1.0, "digit_count": 1.0}
+    swapped = semantic_scores(video, parse_prompt("the digit 7 moves down while the digit 0 moves left"))
+    assert swapped["motion_direction"] == 0.0
+    half = semantic_scores(video, parse_prompt("the digit 7 moves left while the digit 0 moves up"))
+    assert half["motion_direction"] == 0.5
+
+
 def test_prompt_parsing():
     p = parse_prompt("Two digits, 4 and seven, moving upwards")
     assert p.digits == [4, 7] and p.direction == "up" and p.count == 2
+    p = parse_prompt("the digit 3 moves left while the digit 8 moves down")
+    assert p.digits == [3, 8] and p.directions == ["left", "down"] and p.direction is None and p.count == 2
+    assert parse_prompt("the digit 5").directions == [None]
     assert parse_prompt("a seven moving left").digits == [7]
     assert parse_prompt("a cat playing piano") is None
 
