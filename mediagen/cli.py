@@ -15,6 +15,7 @@ COMMANDS = {
     "attention-stats": "mediagen.eval.attention_stats_cli",
     "generate": "mediagen.pipelines.generate_cli",
     "train": "mediagen.training.train_cli",
+    "app": "mediagen.app.app_cli",
 }
 
 

@@ -1,0 +1,106 @@
+"""One generation request, timed per stage: text encoding, denoising (the transformer loop) and
+decoding (the autoencoder). Every request gets its own pipeline object and scheduler around the
+cached modules, so concurrent requests never share sampling state.
+
+Samples come back as float arrays in [0, 1]: images (B, H, W, C), videos (B, F, H, W, C).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .sizes import image_grid, video_grid
+
+
+@dataclass
+class Generated:
+    samples: np.ndarray
+    timings: dict = field(default_factory=dict)   # seconds per stage
+
+    @property
+    def is_video(self) -> bool:
+        return self.samples.ndim == 5
+
+
+class _Clock:
+    """Wall time per stage; waits for the GPU so a stage is charged for its own kernels."""
+
+    def __init__(self, device):
+        self.device = device
+        self.timings: dict[str, float] = {}
+
+    def stage(self, name: str):
+        clock = self
+
+        class _Stage:
+            def __enter__(self):
+                clock._sync()
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                clock._sync()
+                clock.timings[name] = clock.timings.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Stage()
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _generator(cache, seed: int):
+    return torch.Generator(device=cache.device).manual_seed(int(seed))
+
+
+def class_images(cache, attention: str, class_label: int, batch: int, seed: int, steps: int,
+                 guidance: float) -> Generated:
+    """``batch`` images of one class from the class-conditional model."""
+    from ..pipelines.class_image import ClassConditionalImagePipeline
+    from ..pipelines.vae_utils import latents_to_vae, vae_dtype
+
+    clock = _Clock(cache.device)
+    pipe = ClassConditionalImagePipeline(transformer=cache.transformer("image", attention, image_grid(cache)),
+                                         scheduler=cache.scheduler("image"), vae=cache.vae("image"))
+    clock.timings["text_encoding"] = 0.0
+    with clock.stage("denoising"):
+        latents = pipe(class_labels=[int(class_label)] * batch, guidance_scale=guidance, num_inference_steps=steps,
+                       generator=_generator(cache, seed), output_type="latent").images
+    with clock.stage("decoding"), torch.no_grad():
+        z = latents_to_vae(pipe.vae, latents.to(vae_dtype(pipe.vae)))
+        images = pipe.image_processor.postprocess(pipe.vae.decode(z, return_dict=False)[0].float(), output_type="np")
+    return Generated(np.asarray(images, dtype=np.float32), clock.timings)
+
+
+def encode_prompt(cache, encoder_label: str, prompt: str, negative_prompt: str | None, guidance: float):
+    """(prompt embeds, negative embeds or None) from the chosen text encoder, padded to one length."""
+    encoder = cache.text_encoder(encoder_label)
+    embeds, _ = encoder.encode([prompt], padding="longest")
+    negative = None
+    if guidance > 1.0:
+        negative, _ = encoder.encode([negative_prompt or ""], padding="longest")
+    return embeds, negative
+
+
+def text_samples(cache, attention: str, encoder_label: str, prompt: str, negative_prompt: str | None, batch: int,
+                 seed: int, steps: int, guidance: float, height: int, width: int, frames: int) -> Generated:
+    """Videos (frames > 1) or images (frames == 1, returned as (B, H, W, C)) from the text model."""
+    from ..pipelines.text_video import TextToVideoPipeline
+
+    clock = _Clock(cache.device)
+    transformer = cache.transformer("video", attention, video_grid(cache, frames, height, width))
+    pipe = TextToVideoPipeline(transformer=transformer, scheduler=cache.scheduler("video"), vae=cache.vae("video"))
+    pipe.check_size(height, width, frames)
+    cache.text_encoder(encoder_label)                        # loaded (once) outside the timed stage
+    with clock.stage("text_encoding"):
+        embeds, negative = encode_prompt(cache, encoder_label, prompt, negative_prompt, guidance)
+    with clock.stage("denoising"):
+        latents = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, height=height, width=width,
+                       num_frames=frames, num_inference_steps=steps, guidance_scale=guidance,
+                       num_videos_per_prompt=batch, generator=_generator(cache, seed), output_type="latent").frames
+    with clock.stage("decoding"), torch.no_grad():
+        videos = np.asarray(pipe.decode(latents, "np"), dtype=np.float32)
+    return Generated(videos[:, 0] if frames == 1 else videos, clock.timings)

@@ -1,0 +1,80 @@
+"""Headless Chromium for the app's browser test: find it, install Debian's ``chromium`` when it is
+missing (as root, through apt-get), and render a page to a screenshot and a DOM dump.
+
+Installation failures raise ``BrowserUnavailable`` with apt's output, so the test fails with the
+reason instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--hide-scrollbars")
+
+
+class BrowserUnavailable(RuntimeError):
+    pass
+
+
+def find_chromium() -> str | None:
+    for name in CANDIDATES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _run(cmd, timeout):
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def install_chromium(timeout: int = 900) -> str:
+    """Path of a Chromium binary, installing Debian's package first when there is none."""
+    found = find_chromium()
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise BrowserUnavailable("chromium is not installed and the tests are not running as root, so they "
+                                 "cannot install it: run `apt-get install -y chromium` (Debian) first")
+    if shutil.which("apt-get") is None:
+        raise BrowserUnavailable("chromium is not installed and there is no apt-get to install it with")
+    log = []
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]):
+        try:
+            result = _run(cmd, timeout)
+        except subprocess.TimeoutExpired:
+            raise BrowserUnavailable(f"`{' '.join(cmd)}` did not finish within {timeout} s") from None
+        log.append(f"$ {' '.join(cmd)} -> {result.returncode}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        if result.returncode != 0:
+            raise BrowserUnavailable("installing chromium failed:\n" + "\n".join(log))
+    found = find_chromium()
+    if not found:
+        raise BrowserUnavailable("apt-get installed chromium but no chromium binary is on PATH:\n" + "\n".join(log))
+    return found
+
+
+def render_page(binary: str, url: str, screenshot: Path, size=(1280, 1600), budget_ms: int = 15000,
+                timeout: int = 120) -> str:
+    """Screenshot ``url`` to ``screenshot`` (PNG) and return the rendered DOM (after scripts ran)."""
+    screenshot = Path(screenshot)
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        common = [binary, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+                  f"--virtual-time-budget={budget_ms}"]
+        shot = _run([*common, f"--screenshot={screenshot}", url], timeout)
+        if shot.returncode != 0 or not screenshot.is_file():
+            raise BrowserUnavailable(f"chromium --screenshot failed ({shot.returncode}): {shot.stderr[-2000:]}")
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        common = [binary, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+                  f"--virtual-time-budget={budget_ms}"]
+        dom = _run([*common, "--dump-dom", url], timeout)
+        if dom.returncode != 0:
+            raise BrowserUnavailable(f"chromium --dump-dom failed ({dom.returncode}): {dom.stderr[-2000:]}")
+    return dom.stdout

@@ -1,0 +1,187 @@
+"""The Gradio app served on 127.0.0.1 with tiny models: every API endpoint through gradio_client,
+readable out-of-bounds errors, eight concurrent requests, and a real headless Chromium render."""
+
+import concurrent.futures
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+gradio_client = pytest.importorskip("gradio_client")
+
+from app_browser import install_chromium, render_page  # noqa: E402
+
+from mediagen.app.app_cli import launch  # noqa: E402
+from mediagen.app.handlers import MediagenApp  # noqa: E402
+from mediagen.app.limits import Limits  # noqa: E402
+from mediagen.app.models import ModelSet, ModelSource  # noqa: E402
+from mediagen.eval.attention_bench import Shape, markdown_table  # noqa: E402
+from mediagen.models.presets import preset  # noqa: E402
+
+LIMITS = Limits(max_side=32, max_frames=5, max_steps=4, max_batch=2, max_configs=4)
+TINY_BENCH = [Shape("tiny a", 1, (4, 4), 2, 8, (2, 2)), Shape("tiny b", 1, (8, 8), 2, 8, (2, 2))]
+
+
+def tiny_models() -> ModelSet:
+    wan = preset("wan-tiny")
+    wan["config"]["text_dim"] = 384                                   # MiniLM's width
+    calib = {"calibration_prompts": 8}
+    return ModelSet(image=ModelSource("dit-tiny"), video=ModelSource(wan, size={"frames": 3, "height": 8, "width": 8}),
+                    text_encoders={"FlashAttention": "minilm", "MLRA": "minilm-mlra2", "HLA": "minilm-hla"},
+                    text_encoder_options={"MLRA": calib, "HLA": calib})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    results = root / "RESULTS.md"
+    rows = [{"shape": "s", "B": 1, "N": n, "heads": "2x8", "method": m, "fwd_ms": ms, "floor_ms": 0.001}
+            for n, m, ms in [(256, "sdpa flash", 0.1), (1024, "sdpa flash", 0.9), (256, "mhla triton", 0.2),
+                             (1024, "mhla triton", 0.3)]]
+    results.write_text("# Recorded\n\n" + markdown_table(rows) + "\n")
+    app = MediagenApp(tiny_models(), LIMITS, device="cpu", output_dir=root / "out", results_path=results,
+                      bench_shapes=TINY_BENCH)
+    demo, url = launch(app, "127.0.0.1", None, concurrency=2, max_queue=16, block=False)
+    client = gradio_client.Client(url, verbose=False, download_files=str(root / "downloads"))
+    yield app, url, client
+    client.close()
+    demo.close()
+
+
+def _read(path) -> np.ndarray:
+    return np.asarray(Image.open(path))
+
+
+def test_serves_on_localhost_with_the_four_endpoints(served):
+    app, url, client = served
+    assert re.match(r"http://127\.0\.0\.1:\d+/?$", url)
+    names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/generate_image", "/generate_video", "/compare", "/benchmarks"} <= names
+
+
+def test_generate_image_class_and_prompt(served):
+    app, _, client = served
+    gallery, files, timings = client.predict("class", 3, "", "", "mhla", "FlashAttention", 2, 1, 2, 4.0, 8, 8,
+                                             api_name="/generate_image")
+    assert len(gallery) == 2 and len(files) == 2
+    side = app.page_defaults()["image_side"]
+    assert _read(files[0]).shape[:2] == (side, side)                    # downloads at the model's size
+    assert timings["denoising_ms"] > 0 and timings["text_encoding_ms"] == 0
+    gallery, files, timings = client.predict("prompt", 0, "the digit 7", "", "hybrid", "HLA", 1, 1, 2, 4.0, 8, 12,
+                                             api_name="/generate_image")
+    assert len(files) == 1 and _read(files[0]).shape[:2] == (8, 12)
+    assert set(timings) == {"text_encoding_ms", "denoising_ms", "decoding_ms", "total_ms"}
+    assert timings["text_encoding_ms"] > 0
+
+
+def test_generate_video_is_downloadable_mp4(served):
+    _, _, client = served
+    video, files, timings = client.predict("the digit 7 moving left", "", "linear", "MLRA", 3, 8, 8, 1, 0, 2, 4.0,
+                                           api_name="/generate_video")
+    path = video["video"] if isinstance(video, dict) else video
+    assert Path(path).suffix == ".mp4" and Path(files[0]).stat().st_size > 0
+    from mediagen.eval.video_io import read_video
+
+    assert read_video(files[0]).shape[0] == 3
+    assert timings["text_encoding_ms"] > 0 and timings["denoising_ms"] > 0
+
+
+def test_compare_video_runs_reference_and_reports_quality(served):
+    _, _, client = served
+    gallery, files, table, details = client.predict(
+        "text-to-video", ["mhla · FlashAttention", "sdpa · HLA"], "the digit 7 moving left", 0, 5, 2, 4.0, 3, 8, 8,
+        api_name="/compare")
+    assert [g["caption"] for g in gallery] == ["sdpa · FlashAttention", "mhla · FlashAttention", "sdpa · HLA"]
+    assert len(files) == 3 and all(Path(f).suffix == ".mp4" for f in files)
+    assert table["headers"][:7] == ["config", "text_encoding_ms", "denoising_ms", "decoding_ms", "total_ms",
+                                    "psnr_db", "ssim"]
+    ref, mhla, hla = details
+    assert ref["psnr_db"] is None and ref["ssim"] == pytest.approx(1.0)    # the reference against itself
+    assert np.isfinite(mhla["psnr_db"]) and mhla["ssim"] < 1.0
+    for row in details:
+        assert row["denoising_ms"] > 0 and row["text_encoding_ms"] > 0 and row["decoding_ms"] >= 0
+        assert 0.0 <= row["temporal_flickering"] <= 1.0 and "vbench_total" in row
+        assert 0.0 <= row["digit_identity"] <= 1.0
+
+
+def test_compare_class_images_dedupes_text_encoders(served):
+    _, _, client = served
+    gallery, files, table, details = client.predict(
+        "class-to-image", ["mhla · MLRA", "mhla · HLA", "linear · FlashAttention"], "", 4, 5, 2, 4.0, 3, 8, 8,
+        api_name="/compare")
+    assert [d["config"] for d in details] == ["sdpa", "mhla", "linear"]
+    for row in details:
+        assert 0.0 <= row["digit_prob"] <= 1.0 and 0.0 < row["confidence"] <= 1.0
+
+
+def test_benchmarks_recorded_and_fresh(served):
+    _, _, client = served
+    plot, table, files = client.predict("recorded", api_name="/benchmarks")
+    assert Image.open(plot).size[0] > 100 and "mhla triton" in table and "| 1024 |" in table
+    plot, table, files = client.predict("fresh", api_name="/benchmarks")
+    assert Image.open(plot).size[0] > 100 and "| 64 |" in table and "sdpa" in table
+
+
+@pytest.mark.parametrize("endpoint, args, message", [
+    ("/generate_image", ("class", 3, "", "", "mhla", "FlashAttention", 2, 0, 500, 4.0, 8, 8),
+     "steps=500 is out of bounds: this server allows steps from 1 to 4"),
+    ("/generate_image", ("class", 3, "", "", "mhla", "FlashAttention", 9, 0, 2, 4.0, 8, 8),
+     "batch=9 is out of bounds"),
+    ("/generate_video", ("x", "", "mhla", "FlashAttention", 64, 8, 8, 1, 0, 2, 4.0), "frames=64 is out of bounds"),
+    ("/generate_video", ("x", "", "mhla", "FlashAttention", 3, 512, 8, 1, 0, 2, 4.0), "height=512 is out of bounds"),
+    ("/generate_video", ("x", "", "mhla", "FlashAttention", 3, 7, 8, 1, 0, 2, 4.0), "height=7 must be a multiple of 2"),
+    ("/compare", ("text-to-video", ["mhla · HLA", "linear · HLA", "hybrid · HLA", "mhla · MLRA"], "x", 0, 0, 2, 4.0,
+                  3, 8, 8), "5 configurations"),
+])
+def test_out_of_bounds_gets_the_message_not_a_stack_trace(served, endpoint, args, message):
+    _, _, client = served
+    with pytest.raises(Exception) as err:
+        client.predict(*args, api_name=endpoint)
+    text = str(err.value)
+    assert message in text
+    assert "Traceback" not in text and 'File "' not in text
+
+
+def test_models_load_once(served):
+    app, _, client = served
+    calls = []
+    cache = app.cache
+    original = cache._load_transformer
+    cache._load_transformer = lambda *a: calls.append(a) or original(*a)
+    try:
+        for _ in range(2):
+            client.predict("class", 1, "", "", "mhla", "FlashAttention", 1, 0, 1, 1.0, 8, 8, api_name="/generate_image")
+    finally:
+        cache._load_transformer = original
+    assert calls == []                                 # mhla for the image model was loaded by an earlier test
+    assert cache.text_encoder("HLA") is cache.text_encoder("HLA")
+
+
+def test_eight_concurrent_requests_all_complete(served):
+    _, _, client = served
+    jobs = [client.submit("class", i % 10, "", "", ("sdpa", "mhla", "linear", "hybrid")[i % 4], "FlashAttention", 1,
+                          i, 2, 4.0, 8, 8, api_name="/generate_image") for i in range(8)]
+    results = [job.result(timeout=180) for job in jobs]
+    assert len(results) == 8
+    assert len({r[1][0] for r in results}) == 8                       # eight distinct output files
+    assert all(r[2]["denoising_ms"] > 0 for r in results)
+
+
+def test_headless_chromium_renders_tabs_and_controls(served, tmp_path):
+    _, url, _ = served
+    binary = install_chromium()                                        # fails (not skips) when it cannot
+    shot = Path(os.environ.get("MEDIAGEN_SCREENSHOT_DIR", tmp_path)) / "app.png"
+    dom = render_page(binary, url, shot)
+    image = Image.open(shot)
+    assert image.size == (1280, 1600)
+    pixels = np.asarray(image.convert("L"))
+    assert pixels.std() > 5                                            # not a blank page
+    for tab in ("Image", "Video", "Compare", "Benchmarks"):
+        assert re.search(rf'role="tab"[^>]*>\s*(<[^>]*>\s*)*{tab}\b', dom), f"tab {tab} not in the rendered page"
+    for control in ("image-run", "image-gallery", "seed"):
+        assert f'id="{control}"' in dom, f"control #{control} not in the rendered page"
+    for text in ("Generate image", "condition on", "attention", "text encoder", "mhla", "hybrid"):
+        assert text in dom, f"{text!r} not in the rendered page"
