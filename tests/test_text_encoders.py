@@ -142,3 +142,19 @@ def test_distillation_reduces_the_loss(minilm, tokenizer):
     assert len(history) == 6 and all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
     assert loss() < 0.9 * before
     assert not student.training
+
+
+def test_round_trips_as_a_diffusers_pipeline_component(tmp_path, tokenizer):
+    from diffusers import DiffusionPipeline
+
+    class Pipe(DiffusionPipeline):
+        def __init__(self, text_encoder, tokenizer):
+            super().__init__()
+            self.register_modules(text_encoder=text_encoder, tokenizer=tokenizer)
+
+    model = tiny("mlra4")
+    Pipe(model, tokenizer).save_pretrained(tmp_path)
+    loaded = Pipe.from_pretrained(tmp_path)
+    assert isinstance(loaded.text_encoder, MediagenTextEncoder)
+    ids = torch.tensor([[101, 2000, 3000, 102]])
+    torch.testing.assert_close(loaded.text_encoder(ids).last_hidden_state, model(ids).last_hidden_state)
