@@ -26,6 +26,7 @@ from ..models.convert import convert
 from ..models.identity_autoencoder import IdentityAutoencoder
 from ..models.loading import load_transformer
 from ..models.presets import build_transformer, preset
+from .lora import add_lora
 
 
 @dataclass
@@ -101,18 +102,6 @@ def _load_vae(cfg, in_channels: int):
     return cls.from_pretrained(str(folder))
 
 
-def _add_lora(transformer, ft) -> None:
-    from peft import LoraConfig
-
-    transformer.requires_grad_(False)
-    transformer.add_adapter(LoraConfig(r=ft.lora_rank, lora_alpha=ft.lora_alpha, init_lora_weights="gaussian",
-                                       target_modules=list(ft.lora_targets)))
-    for name, p in transformer.named_parameters():
-        p.requires_grad_("lora_" in name)
-    if not any(p.requires_grad for p in transformer.parameters()):
-        raise ValueError(f"finetune.lora_targets={list(ft.lora_targets)} matched no module of the transformer")
-
-
 def _train_only(transformer, patterns) -> None:
     matched = 0
     for name, p in transformer.named_parameters():
@@ -140,7 +129,7 @@ def build_components(cfg) -> Components:
         attention = m.attention if isinstance(m.attention, str) else list(m.attention)
         convert(transformer, attention, blocks=m.blocks, layers=m.layers, grid=m.grid, **dict(m.attention_options))
     if ft.mode == "lora":
-        _add_lora(transformer, ft)
+        add_lora(transformer, ft.lora_rank, ft.lora_alpha, ft.lora_targets)
     if ft.train_only:
         _train_only(transformer, ft.train_only)
     if m.gradient_checkpointing:

@@ -15,6 +15,7 @@ from ..pipelines.export import save_image, save_video
 from ..pipelines.schedulers import make_scheduler
 from ..pipelines.text_image import TextToImagePipeline
 from ..pipelines.text_video import TextToVideoPipeline
+from .lora import fuse_lora_, save_lora
 
 DEFAULT_PROMPTS = ["the digit 3 moves left", "the digit 7 moves down"]
 
@@ -32,8 +33,7 @@ def merged_copy(model, is_lora: bool):
     """A plain (no peft layers) copy of the model for saving: LoRA fused into the weights."""
     model = copy.deepcopy(model)
     if is_lora:
-        model.fuse_lora()
-        model.unload_lora()
+        fuse_lora_(model)
     return model.eval()
 
 
@@ -71,10 +71,8 @@ def write_samples(run, step: int, folder: Path, writer=None) -> list[Path]:
                 videos = pipe(num_frames=cfg.data.num_frames, **common).frames
                 for i, v in enumerate(videos):
                     paths.append(save_video(v, folder / f"prompt{i}.gif"))
-                grid = np.stack([v[0] for v in videos])
-                if writer is not None:
-                    writer.add_video("samples/video", torch.from_numpy(np.asarray(videos)).permute(0, 1, 4, 2, 3),
-                                     step, fps=4)
+                # TensorBoard's add_video needs moviepy: log each clip's frames side by side instead
+                grid = np.stack([np.concatenate(list(v), axis=1) for v in videos])
         if writer is not None:
             writer.add_images("samples/images", np.asarray(grid), step, dataformats="NHWC")
     model.train(was_training)
@@ -97,5 +95,5 @@ def save_final_pipeline(run, folder: Path) -> Path:
         shutil.rmtree(folder)
     tmp.rename(folder)
     if run.components.is_lora:
-        run.unwrapped.save_lora_adapter(str(folder.parent / "lora"), safe_serialization=True)
+        save_lora(run.unwrapped, folder.parent / "lora")
     return folder
