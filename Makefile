@@ -13,8 +13,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 app: $(VENV)/.installed
-	$(VENV)/bin/mediagen --help
-	$(VENV)/bin/mediagen bench --device cpu
+	HF_HUB_OFFLINE=1 $(VENV)/bin/mediagen app
 
 test: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
