@@ -38,6 +38,7 @@ VARIANTS = {
     "hla": dict(attention="hla"),
     "hla-top8": dict(attention="hla", hla_top_k=8),
     "hla-top4": dict(attention="hla", hla_top_k=4),
+    "hla-top8c": dict(attention="hla", hla_top_k=8, hla_route="chunk"),     # cheap chunk-level routing
 }
 MINILM_SHAPE = dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
 TINY_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, hla_chunk=16, hla_pool=4)
@@ -139,29 +140,30 @@ def skipping_table(args, device, dtype, shape):
     ids = torch.randint(1000, 2000, (1, n), device=device)
     with torch.no_grad():
         ref = full(ids).last_hidden_state.float()
-        for k in args.top_ks:
-            full.set_hla_skipping(top_k=k)
-            out = full(ids).last_hidden_state.float()
-            err = ((out - ref).norm() / ref.norm()).item()
-            cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1).mean().item()
-            lines.append(f"| top-{k} | {err:.4f} | {cos:.4f} |")
-            print(lines[-1], flush=True)
-        full.set_hla_skipping(None, None)
+        for route in ("token", "chunk"):
+            for k in args.top_ks:
+                full.set_hla_skipping(top_k=k, route=route)
+                out = full(ids).last_hidden_state.float()
+                err = ((out - ref).norm() / ref.norm()).item()
+                cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1).mean().item()
+                lines.append(f"| top-{k}, {route} routing | {err:.4f} | {cos:.4f} |")
+                print(lines[-1], flush=True)
+        full.set_hla_skipping(None, None, "token")
     return lines
 
 
 @torch.no_grad()
-def long_input_agreement(model, tok, prompts, length: int, top_k: int, device) -> float:
+def long_input_agreement(model, tok, prompts, length: int, top_k: int, route: str, device) -> float:
     """Held-out prompts concatenated into one ``length``-token document: mean token cosine between
     the encoder with top-k chunk skipping and without (prompts alone are shorter than one chunk,
     where skipping changes nothing)."""
     ids = [i for p in prompts for i in tok(p, add_special_tokens=False)["input_ids"]]
     ids = torch.tensor((ids * (length // max(1, len(ids)) + 1))[:length], device=device)[None]
-    model.set_hla_skipping(top_k=top_k)
+    model.set_hla_skipping(top_k=top_k, route=route)
     skipped = model(ids).last_hidden_state.float()
-    model.set_hla_skipping(None, None)
+    model.set_hla_skipping(None, None, "token")
     full = model(ids).last_hidden_state.float()
-    model.set_hla_skipping(top_k=top_k)
+    model.set_hla_skipping(top_k=top_k, route=route)
     return torch.nn.functional.cosine_similarity(skipped, full, dim=-1).mean().item()
 
 
@@ -182,14 +184,15 @@ def quality_table(args, device):
         lines.append(f"| {name} | {before:.4f} | {after:.4f} |")
         print(lines[-1], flush=True)
         if name == "hla":
-            for k in args.top_ks:                                  # skipping on the distilled encoder
-                student.set_hla_skipping(top_k=k)
-                sim = sentence_similarity(student, teacher, tok, heldout)
-                agree = long_input_agreement(student, tok, heldout, args.skip_length, k, device)
-                lines.append(f"| hla, top-{k} (no retraining) | — | {sim:.4f} (prompts); token cos to full HLA "
-                             f"on {args.skip_length}-token documents {agree:.4f} |")
-                print(lines[-1], flush=True)
-            student.set_hla_skipping(None, None)
+            for route in ("token", "chunk"):                       # skipping on the distilled encoder
+                for k in args.top_ks:
+                    student.set_hla_skipping(top_k=k, route=route)
+                    sim = sentence_similarity(student, teacher, tok, heldout)
+                    agree = long_input_agreement(student, tok, heldout, args.skip_length, k, route, device)
+                    lines.append(f"| hla, top-{k}, {route} routing (no retraining) | — | {sim:.4f} (prompts); "
+                                 f"token cos to full HLA on {args.skip_length}-token documents {agree:.4f} |")
+                    print(lines[-1], flush=True)
+            student.set_hla_skipping(None, None, "token")
         if args.save_distilled:
             path = Path(args.save_distilled) / f"minilm-{name}"
             student.save_pretrained(path)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from mediagen.attention.hla import HLAttention
-from mediagen.kernels.hla import (chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
+from mediagen.kernels.hla import (bucket_representatives, chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
                                   hla_chunked, hla_recurrent, select_chunks)
 from mediagen.kernels.hla.chunk import pad_to_chunks
 
@@ -165,3 +165,35 @@ def test_short_sequences_use_a_short_chunk_with_the_same_result():
     assert m.chunk_for(5) == 6 and m.chunk_for(40) == 16
     ones = torch.zeros(1, 2, 1, 16, 1, dtype=F64)                     # one chunk: no past gates
     torch.testing.assert_close(m(x), m(x, gates_override=ones), rtol=1e-10, atol=1e-10)
+
+
+def test_chunk_routing_reads_only_its_top_k_chunks():
+    """route='chunk': the k chosen chunks per query chunk with their per-token gates, others skipped;
+    equal to the dense walk with every other gate set to 0."""
+    from mediagen.kernels.hla.chunk import hla_chunked_indexed
+    from mediagen.kernels.hla.router import chunk_routed_gates
+
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=4, pool=2, top_k=2, route="chunk").double()
+    x = torch.randn(2, 24, 16, dtype=F64)
+    q, k, v, la, be = m.gdn_inputs(x)
+    q_route = torch.einsum("bnhd,hde->bnhe", q, m.route_q)
+    reps = bucket_representatives(k, m.pool_k, m.pool_v, m.pool_o, 4, 2)
+    order, g_sel = chunk_routed_gates(q_route, reps, 4, m.gate_bias, 2)
+    assert order.shape == (2, 2, 6, 2) and g_sel.shape == (2, 2, 6, 4, 2)
+    assert bool((order[:, :, 0] == -1).all()) and bool((order[:, :, 1, 1] == -1).all())
+    assert bool((order[:, :, 2:] >= 0).all()) and bool((order[..., 0] >= order[..., 1]).all())
+    assert bool((g_sel >= 0).all()) and bool((g_sel <= 1).all())
+    dense = torch.zeros(2, 2, 6, 4, 6, dtype=F64)                     # scatter the kept gates
+    for c in range(6):
+        for slot in range(2):
+            j = order[:, :, c, slot]
+            for b in range(2):
+                for h in range(2):
+                    if j[b, h] >= 0:
+                        dense[b, h, c, :, j[b, h]] = g_sel[b, h, c, :, slot]
+    ref = hla_chunked(q, k, v, la, be, dense, chunk=4)
+    torch.testing.assert_close(hla_chunked_indexed(q, k, v, la, be, order, g_sel, chunk=4), ref,
+                               rtol=1e-10, atol=1e-10)
+    out = m(x)
+    assert out.shape == (2, 24, 16) and torch.isfinite(out).all()

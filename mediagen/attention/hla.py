@@ -10,6 +10,9 @@ chunk is read in full). Gates come from pooled bucket representatives of the pas
 The walk over all earlier chunks is O((N/C)^2) small GEMMs. Beyond the paper, ``top_k`` (keep the k
 past chunks with the largest mean gate per query chunk) or ``gate_threshold`` (drop past chunks no
 token of the query chunk gates at >= threshold) skip chunks; a skipped chunk is a chunk with gate 0.
+Ranking by mean gate still scores every token against every past bucket (O(N^2 / pool) work);
+``route="chunk"`` ranks past chunks by the query chunk's mean routed query instead and computes
+per-token gates for the k kept chunks only (inference option: no regularisers in that mode).
 
 The paper's regularisers (budget, effective support, binary) are left in ``self.aux_losses`` after a
 forward with ``return_aux=True`` (or in training mode); add ``aux_losses['total']`` to the loss.
@@ -25,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.hla import bucket_representatives, chunk_gates, fla_available, gate_regularisers, hla_chunked
-from ..kernels.hla.chunk import gated_delta_rule_chunked, pad_to_chunks, select_chunks
+from ..kernels.hla.chunk import gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
+from ..kernels.hla.router import chunk_routed_gates
 
 
 class HLAttention(nn.Module):
@@ -33,13 +37,16 @@ class HLAttention(nn.Module):
 
     def __init__(self, hidden: int, heads: int, *, head_dim: int | None = None, chunk: int = 256,
                  pool: int = 16, gate_bias: float = 2.2, top_k: int | None = None,
-                 gate_threshold: float | None = None, backend: str = "auto", bias: bool = True,
-                 eps: float = 1e-6):
+                 gate_threshold: float | None = None, route: str = "token", backend: str = "auto",
+                 bias: bool = True, eps: float = 1e-6):
         super().__init__()
         if backend not in ("auto", "torch", "fla"):
             raise ValueError(f"backend={backend!r} is not allowed: use 'auto', 'torch' or 'fla'")
         if chunk % pool:
             raise ValueError(f"pool={pool} must divide chunk={chunk}")
+        if route not in ("token", "chunk"):
+            raise ValueError(f"route={route!r} is not allowed: use 'token' or 'chunk'")
+        self.route = route
         head_dim = head_dim or hidden // heads
         self.heads, self.head_dim, self.chunk, self.pool = heads, head_dim, chunk, pool
         self.gate_bias, self.top_k, self.gate_threshold, self.backend = gate_bias, top_k, gate_threshold, backend
@@ -113,6 +120,14 @@ class HLAttention(nn.Module):
         n = x.shape[1]
         chunk = self.chunk_for(n) if gates_override is None else self.chunk
         qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
+        if self.route == "chunk" and self.top_k is not None and gates_override is None:
+            q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
+            reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
+            order, g_sel = chunk_routed_gates(q_route, reps, chunk, self.gate_bias, self.top_k)
+            o = hla_chunked_indexed(qp, kp, vp, lap, bp, order, g_sel.to(q.dtype), chunk=chunk,
+                                    backend=backend)[:, :n]
+            self.aux_losses = {}
+            return self.out_proj(self.out_norm(o).flatten(-2))
         gates = self.gates(qp, kp, chunk) if gates_override is None else gates_override
         gates = gates.to(q.dtype)
         keep = None

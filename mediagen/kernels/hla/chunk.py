@@ -154,20 +154,31 @@ def hla_walk_sparse(o_intra, r, a, b, gates, keep):
     A skipped chunk is exactly a chunk whose gate is 0 (r passes unchanged, no output), so with
     keep = all past pairs this equals ``hla_walk``. Steps = the largest kept count per query chunk.
     """
-    nc, dk = b.shape[2], a.shape[-1]
+    nc = b.shape[2]
     j = torch.arange(nc, device=b.device)
     order = torch.where(keep, j, -1).sort(dim=-1, descending=True).values  # kept chunks first, newest first
     steps = int(keep.sum(-1).max().item()) if keep.numel() else 0
+    order = order[..., :steps]
+    g_sel = torch.gather(gates, 4, order.clamp_min(0)[..., None, :].expand(-1, -1, -1, gates.shape[3], -1))
+    return hla_walk_indexed(o_intra, r, a, b, order, g_sel)
+
+
+def hla_walk_indexed(o_intra, r, a, b, order, g_sel):
+    """The walk over an explicit list of past chunks per query chunk.
+
+    order (B,H,nC,k): past-chunk indices, newest first, -1 for none; g_sel (B,H,nC,C,k): each query
+    token's gate for those chunks. k walk steps, each a batched GEMM over all query chunks.
+    """
+    dk = a.shape[-1]
     step_map = _step_maps(a, b)
     out = o_intra.clone()
     rows = r
-    for m in range(steps):
+    for m in range(order.shape[-1]):
         idx = order[..., m]                                            # (B,H,nC), -1 = nothing left
         valid = idx >= 0
         idx_c = idx.clamp_min(0)
         m_sel = torch.gather(step_map, 2, idx_c[..., None, None].expand(-1, -1, -1, *step_map.shape[-2:]))
-        g = torch.gather(gates, 4, idx_c[..., None, None].expand(-1, -1, -1, gates.shape[3], 1))
-        g = g * valid[..., None, None]
+        g = g_sel[..., m, None] * valid[..., None, None]
         y = g * (rows @ m_sel)
         out = out + y[..., dk:]
         rows = rows + y[..., :dk]
@@ -181,6 +192,17 @@ def gated_delta_rule_chunked(q, k, v, log_alpha, beta, scale: float | None = Non
     q, k, v, log_alpha, beta, n = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
     o = gdn_from_summaries(*chunk_summaries(q, k, v, log_alpha, beta, scale, chunk, backend))
     return _unchunked(o)[:, :n]
+
+
+def hla_chunked_indexed(q, k, v, log_alpha, beta, order, g_sel, scale: float | None = None,
+                        chunk: int = 256, backend: str = "torch", walk_dtype=None):
+    """HLA output (B,N,H,V) reading only the listed past chunks (see ``hla_walk_indexed``)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k, v, log_alpha, beta, n = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
+    walk_dtype = walk_dtype or q.dtype
+    summaries = [t.to(walk_dtype) for t in chunk_summaries(q, k, v, log_alpha, beta, scale, chunk, backend)]
+    o = hla_walk_indexed(*summaries, order, g_sel.to(walk_dtype))
+    return _unchunked(o)[:, :n].to(q.dtype)
 
 
 def hla_chunked(q, k, v, log_alpha, beta, gates, scale: float | None = None, chunk: int = 256,

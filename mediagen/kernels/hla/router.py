@@ -76,3 +76,29 @@ def gate_regularisers(gates, budget_weight=0.005, budget=3.0, support_weight=0.0
     binary_l = binary_weight * (gates * (1 - gates))[past.expand_as(gates)].mean()
     return {"budget": budget_l, "support": support_l, "binary": binary_l,
             "total": budget_l + support_l + binary_l}
+
+
+def chunk_routed_gates(q_route, reps, chunk: int, bias: float, top_k: int):
+    """Beyond the paper, a cheap router for top-k reading: each query chunk first ranks its past
+    chunks by the log-mean-exp score of its *mean* routed query (nC x nC work instead of N x nC),
+    keeps the top k, and only then computes per-token gates, for those k chunks alone.
+
+    Returns order (B,H,nC,k) past-chunk indices newest first (-1 = none) and gates (B,H,nC,C,k).
+    """
+    b, n, h, d = q_route.shape
+    nc, nb = n // chunk, reps.shape[3]
+    k = max(1, min(int(top_k), nc))
+    qc = q_route.reshape(b, nc, chunk, h, d).movedim(3, 1)                   # (B,H,nC,C,D)
+    q_mean = qc.mean(dim=3)                                                  # (B,H,nC,D)
+    s = torch.einsum("bhcd,bhjpd->bhcjp", q_mean, reps) / math.sqrt(d)
+    score = torch.logsumexp(s, dim=-1)                                       # (B,H,nC,nC)
+    past = torch.ones(nc, nc, dtype=torch.bool, device=q_route.device).tril(-1)
+    score = score.masked_fill(~past, -float("inf"))
+    top = score.topk(k, dim=-1)
+    order = torch.where(torch.isfinite(top.values), top.indices, -1)
+    order = order.sort(dim=-1, descending=True).values                       # newest first, -1 last
+    idx = order.clamp_min(0).reshape(b, h, nc * k)
+    sel = torch.gather(reps, 2, idx[..., None, None].expand(-1, -1, -1, nb, d)).reshape(b, h, nc, k, nb, d)
+    tok = torch.einsum("bhcld,bhckpd->bhclkp", qc, sel) / math.sqrt(d)
+    gates = torch.sigmoid(torch.logsumexp(tok, dim=-1) - math.log(nb) + bias)  # (B,H,nC,C,k)
+    return order, gates * (order >= 0)[:, :, :, None, :].to(gates.dtype)

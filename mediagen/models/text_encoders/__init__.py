@@ -75,7 +75,8 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
             from transformers import AutoTokenizer
             model = MediagenTextEncoder.from_pretrained(path, torch_dtype=torch_dtype)
             if config:
-                model.set_hla_skipping(config.get("hla_top_k"), config.get("hla_gate_threshold"))
+                model.set_hla_skipping(config.get("hla_top_k"), config.get("hla_gate_threshold"),
+                                       config.get("hla_route"))
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             return PromptEncoder(tokenizer, model.eval().to(device), kind="mediagen", default_max_length=77)
     return _load_hub(name, torch_dtype, device)

@@ -57,7 +57,7 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
                  mlra_q_latent: int | None = None, mlra_rope_dim: int | None = None,
                  hla_chunk: int = 256, hla_pool: int = 16, hla_gate_bias: float = 2.2,
                  hla_top_k: int | None = None, hla_gate_threshold: float | None = None,
-                 hla_backend: str = "auto"):
+                 hla_route: str = "token", hla_backend: str = "auto"):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r} is not allowed: choose one of {ATTENTIONS}")
@@ -83,7 +83,7 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
                                 rope_dim=c.mlra_rope_dim, causal=True, bias=c.attention_bias)
         return HLAttention(c.hidden_size, c.num_heads, chunk=c.hla_chunk, pool=c.hla_pool,
                            gate_bias=c.hla_gate_bias, top_k=c.hla_top_k,
-                           gate_threshold=c.hla_gate_threshold, backend=c.hla_backend,
+                           gate_threshold=c.hla_gate_threshold, route=c.hla_route, backend=c.hla_backend,
                            bias=c.attention_bias)
 
     def embed(self, input_ids):
@@ -103,14 +103,19 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
         for layer in self.layers:
             x = layer(x, attention_mask)
             if isinstance(layer.attn, HLAttention) and (return_aux or (return_aux is None and self.training)):
-                aux = aux + layer.attn.aux_losses["total"]
+                aux = aux + layer.attn.aux_losses.get("total", 0.0)
         x = x * attention_mask[..., None].to(x.dtype)
         out = TextEncoderOutput(last_hidden_state=x, attention_mask=attention_mask, aux_loss=aux)
         return out if return_dict else out.to_tuple()
 
-    def set_hla_skipping(self, top_k: int | None = None, gate_threshold: float | None = None):
-        """Switch HLA's chunk skipping (beyond the paper) on every layer; also recorded in the config."""
+    def set_hla_skipping(self, top_k: int | None = None, gate_threshold: float | None = None,
+                         route: str | None = None):
+        """Switch HLA's chunk skipping (beyond the paper) on every layer; also recorded in the config.
+        ``route``: "token" (rank by mean per-token gate) or "chunk" (cheap chunk-level ranking)."""
+        route = route or self.config.hla_route
+        if route not in ("token", "chunk"):
+            raise ValueError(f"route={route!r} is not allowed: use 'token' or 'chunk'")
         for layer in self.layers:
             if isinstance(layer.attn, HLAttention):
-                layer.attn.top_k, layer.attn.gate_threshold = top_k, gate_threshold
-        self.register_to_config(hla_top_k=top_k, hla_gate_threshold=gate_threshold)
+                layer.attn.top_k, layer.attn.gate_threshold, layer.attn.route = top_k, gate_threshold, route
+        self.register_to_config(hla_top_k=top_k, hla_gate_threshold=gate_threshold, hla_route=route)
