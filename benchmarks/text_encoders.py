@@ -9,7 +9,9 @@ On a CPU, end to end in about a minute with tiny shapes:
 Work to expect: HLA's walk over all earlier chunks is about (N/C)^2/2 chunk pairs, each two
 (C x d) @ (d x d) GEMMs per head; at 32K tokens with C = 256 that is 8,128 pairs, roughly half the
 FLOPs of causal softmax attention (not a linear-time amount). ``hla-top8`` keeps the 8 past chunks
-with the largest mean gate per query chunk, so 8 walk steps instead of 127.
+with the largest mean gate per query chunk, so 8 walk steps instead of 127, but its router still
+scores every token against every past bucket; ``hla-top8c`` ranks chunks by the query chunk's mean
+routed query first and scores tokens only against the 8 kept chunks (beyond the paper).
 """
 
 from __future__ import annotations
