@@ -46,7 +46,7 @@ def served(tmp_path_factory):
                       bench_shapes=TINY_BENCH)
     demo, url = launch(app, "127.0.0.1", None, concurrency=2, max_queue=16, block=False)
     client = gradio_client.Client(url, verbose=False, download_files=str(root / "downloads"))
-    yield app, url, client
+    yield app, url, client, demo
     client.close()
     demo.close()
 
@@ -56,14 +56,14 @@ def _read(path) -> np.ndarray:
 
 
 def test_serves_on_localhost_with_the_four_endpoints(served):
-    app, url, client = served
+    app, url, client, _ = served
     assert re.match(r"http://127\.0\.0\.1:\d+/?$", url)
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     assert {"/generate_image", "/generate_video", "/compare", "/benchmarks"} <= names
 
 
 def test_generate_image_class_and_prompt(served):
-    app, _, client = served
+    app, _, client, _ = served
     gallery, files, timings = client.predict("class", 3, "", "", "mhla", "FlashAttention", 2, 1, 2, 4.0, 8, 8,
                                              api_name="/generate_image")
     assert len(gallery) == 2 and len(files) == 2
@@ -78,7 +78,7 @@ def test_generate_image_class_and_prompt(served):
 
 
 def test_generate_video_is_downloadable_mp4(served):
-    _, _, client = served
+    _, _, client, _ = served
     video, files, timings = client.predict("the digit 7 moving left", "", "linear", "MLRA", 3, 8, 8, 1, 0, 2, 4.0,
                                            api_name="/generate_video")
     path = video["video"] if isinstance(video, dict) else video
@@ -90,7 +90,7 @@ def test_generate_video_is_downloadable_mp4(served):
 
 
 def test_compare_video_runs_reference_and_reports_quality(served):
-    _, _, client = served
+    _, _, client, _ = served
     gallery, files, table, details = client.predict(
         "text-to-video", ["mhla · FlashAttention", "sdpa · HLA"], "the digit 7 moving left", 0, 5, 2, 4.0, 3, 8, 8,
         api_name="/compare")
@@ -108,7 +108,7 @@ def test_compare_video_runs_reference_and_reports_quality(served):
 
 
 def test_compare_class_images_dedupes_text_encoders(served):
-    _, _, client = served
+    _, _, client, _ = served
     gallery, files, table, details = client.predict(
         "class-to-image", ["mhla · MLRA", "mhla · HLA", "linear · FlashAttention"], "", 4, 5, 2, 4.0, 3, 8, 8,
         api_name="/compare")
@@ -118,7 +118,7 @@ def test_compare_class_images_dedupes_text_encoders(served):
 
 
 def test_benchmarks_recorded_and_fresh(served):
-    _, _, client = served
+    _, _, client, _ = served
     plot, table, files = client.predict("recorded", api_name="/benchmarks")
     assert Image.open(plot).size[0] > 100 and "mhla triton" in table and "| 1024 |" in table
     plot, table, files = client.predict("fresh", api_name="/benchmarks")
@@ -137,7 +137,7 @@ def test_benchmarks_recorded_and_fresh(served):
                   3, 8, 8), "5 configurations"),
 ])
 def test_out_of_bounds_gets_the_message_not_a_stack_trace(served, endpoint, args, message):
-    _, _, client = served
+    _, _, client, _ = served
     with pytest.raises(Exception) as err:
         client.predict(*args, api_name=endpoint)
     text = str(err.value)
@@ -146,7 +146,7 @@ def test_out_of_bounds_gets_the_message_not_a_stack_trace(served, endpoint, args
 
 
 def test_models_load_once(served):
-    app, _, client = served
+    app, _, client, _ = served
     calls = []
     cache = app.cache
     original = cache._load_transformer
@@ -160,10 +160,24 @@ def test_models_load_once(served):
     assert cache.text_encoder("HLA") is cache.text_encoder("HLA")
 
 
+def test_queue_is_bounded(served):
+    *_, demo = served
+    assert demo._queue.max_size == 16
+    assert demo._queue.default_concurrency_limit == 2
+    assert {fn.concurrency_limit for fn in demo.fns.values() if fn.api_name} == {"default"}
+
+
 def test_eight_concurrent_requests_all_complete(served):
-    _, _, client = served
-    jobs = [client.submit("class", i % 10, "", "", ("sdpa", "mhla", "linear", "hybrid")[i % 4], "FlashAttention", 1,
-                          i, 2, 4.0, 8, 8, api_name="/generate_image") for i in range(8)]
+    _, _, client, _ = served
+    attentions = ("sdpa", "mhla", "linear", "hybrid")
+    jobs = []
+    for i in range(8):
+        if i % 2:                                                      # text requests share the encoders
+            jobs.append(client.submit(f"the digit {i} moving up", "", attentions[i % 4], ("FlashAttention", "MLRA", "HLA")[i % 3],
+                                      3, 8, 8, 1, i, 2, 4.0, api_name="/generate_video"))
+        else:
+            jobs.append(client.submit("class", i, "", "", attentions[i % 4], "FlashAttention", 1, i, 2, 4.0, 8, 8,
+                                      api_name="/generate_image"))
     results = [job.result(timeout=180) for job in jobs]
     assert len(results) == 8
     assert len({r[1][0] for r in results}) == 8                       # eight distinct output files
@@ -171,7 +185,7 @@ def test_eight_concurrent_requests_all_complete(served):
 
 
 def test_headless_chromium_renders_tabs_and_controls(served, tmp_path):
-    _, url, _ = served
+    _, url, _, _ = served
     binary = install_chromium()                                        # fails (not skips) when it cannot
     shot = Path(os.environ.get("MEDIAGEN_SCREENSHOT_DIR", tmp_path)) / "app.png"
     dom = render_page(binary, url, shot)

@@ -7,7 +7,7 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from mediagen.app import bench_results, compare, limits, models, scores
+from mediagen.app import bench_results, compare, files, limits, models, scores
 from mediagen.app.similarity import psnr, ssim
 
 
@@ -131,3 +131,29 @@ def test_digit_scores_recognise_real_digits():
     assert got["predicted"] == 7 and got["digit_prob"] > 0.8
     assert scores.digit_scores(batch, 1)["digit_prob"] < 0.2
     assert scores.prompt_digit("a seven moving up") == 7 and scores.prompt_digit("a cat") is None
+
+
+def test_old_request_folders_are_pruned(tmp_path):
+    old = files.request_dir(tmp_path, "image")
+    (old / "x.png").write_bytes(b"x")
+    kept = files.request_dir(tmp_path, "video")
+    new = files.request_dir(tmp_path, "image")
+    assert old.exists() and kept.exists() and new.exists()
+    import os
+    os.utime(old, (0, 0))
+    files.request_dir(tmp_path, "compare")
+    assert not old.exists() and kept.exists()
+
+
+def test_browser_set_up_fails_loudly_when_it_cannot_install(monkeypatch):
+    import app_browser
+
+    monkeypatch.setattr(app_browser, "find_chromium", lambda: None)
+    monkeypatch.setattr(app_browser.os, "geteuid", lambda: 1000)
+    with pytest.raises(app_browser.BrowserUnavailable, match="not running as root"):
+        app_browser.install_chromium()
+    monkeypatch.setattr(app_browser.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(app_browser, "_run", lambda cmd, timeout: type("R", (), {
+        "returncode": 100, "stdout": "", "stderr": "E: Unable to locate package chromium"})())
+    with pytest.raises(app_browser.BrowserUnavailable, match="Unable to locate package chromium"):
+        app_browser.install_chromium()

@@ -5,7 +5,9 @@ enlarged GIF previews for galleries. Enlarging is nearest-neighbour, so small di
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 PREVIEW_SIDE = 256
+KEEP_SECONDS = 6 * 3600          # request folders older than this are removed when a new one is made
 
 
 def output_root(root: str | Path | None = None) -> Path:
@@ -21,7 +24,15 @@ def output_root(root: str | Path | None = None) -> Path:
     return path
 
 
-def request_dir(root: Path, kind: str) -> Path:
+def request_dir(root: Path, kind: str, keep_seconds: float = KEEP_SECONDS) -> Path:
+    """A new folder for one request's outputs; old request folders are pruned first."""
+    cutoff = time.time() - keep_seconds
+    for old in root.glob("*-" + "?" * 12):
+        try:
+            if old.is_dir() and old.stat().st_mtime < cutoff:
+                shutil.rmtree(old, ignore_errors=True)
+        except FileNotFoundError:                     # pruned by a concurrent request
+            pass
     path = root / f"{kind}-{uuid.uuid4().hex[:12]}"
     path.mkdir(parents=True)
     return path

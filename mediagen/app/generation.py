@@ -78,10 +78,11 @@ def class_images(cache, attention: str, class_label: int, batch: int, seed: int,
 def encode_prompt(cache, encoder_label: str, prompt: str, negative_prompt: str | None, guidance: float):
     """(prompt embeds, negative embeds or None) from the chosen text encoder, padded to one length."""
     encoder = cache.text_encoder(encoder_label)
-    embeds, _ = encoder.encode([prompt], padding="longest")
-    negative = None
-    if guidance > 1.0:
-        negative, _ = encoder.encode([negative_prompt or ""], padding="longest")
+    with cache.encoder_lock(encoder_label):
+        embeds, _ = encoder.encode([prompt], padding="longest")
+        negative = None
+        if guidance > 1.0:
+            negative, _ = encoder.encode([negative_prompt or ""], padding="longest")
     return embeds, negative
 
 

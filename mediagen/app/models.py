@@ -104,6 +104,7 @@ class ModelCache:
         self._vaes: dict = {}
         self._transformers: dict = {}
         self._encoders: dict = {}
+        self._encoder_locks: dict = {}
 
     # --- base pipelines (CPU, float32: the source of every conversion) ----------------------
     def base(self, family: str):
@@ -180,6 +181,12 @@ class ModelCache:
             if label not in self._encoders:
                 self._encoders[label] = self._load_encoder(label)
             return self._encoders[label]
+
+    def encoder_lock(self, label: str) -> threading.Lock:
+        """One request at a time per text encoder: a Hugging Face fast tokenizer is not thread-safe
+        ("Already borrowed" when two threads change its padding/truncation at once)."""
+        with self._lock:
+            return self._encoder_locks.setdefault(label, threading.Lock())
 
     def _load_encoder(self, label: str):
         from ..models.text_encoders import load_text_encoder

@@ -111,7 +111,7 @@ def _bench_tab(app: MediagenApp):
 def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> gr.Blocks:
     d = app.page_defaults()
     models = f"{_describe(app.cache.models.image.base)} (images), {_describe(app.cache.models.video.base)} (text)"
-    with gr.Blocks(title="mediagen") as demo:
+    with gr.Blocks(title="mediagen", delete_cache=(3600, 6 * 3600)) as demo:
         gr.Markdown(INTRO.format(models=models, limits=app.limits.describe()))
         with gr.Tabs():
             with gr.Tab("Image", id="image"):
