@@ -1,0 +1,54 @@
+"""A run killed at any moment resumes with the losses it would have had; a kill during a checkpoint
+save never leaves a torn checkpoint. Each case runs training in a subprocess that SIGKILLs itself."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mediagen.training.checkpoint import list_checkpoints, read_optimizer, read_state
+from training_helpers import TINY_DIT, read_losses, run_training_process, steps_logged
+
+ARGS = [*TINY_DIT, "train.max_steps=12", "checkpoint.every=4", "checkpoint.keep_last=5", "optim.ema_decay=0.9",
+        "optim.warmup_steps=3", "optim.schedule=cosine"]
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """One uninterrupted run, the reference for both tests."""
+    out = tmp_path_factory.mktemp("full")
+    assert run_training_process([f"output_dir={out}", *ARGS]) == 0
+    return out
+
+
+def test_killed_run_resumes_with_identical_losses(tmp_path, full):
+    killed = tmp_path / "killed"
+    assert run_training_process([f"output_dir={killed}", *ARGS], KILL_AT=7) == -9
+    assert steps_logged(killed) == list(range(1, 8))
+    assert run_training_process([f"output_dir={killed}", *ARGS, "checkpoint.resume=latest"]) == 0
+    assert steps_logged(killed)[7:] == list(range(5, 13))          # really resumed from step 4
+    a, b = read_losses(full), read_losses(killed)
+    assert a == b                                                  # bitwise, steps 1..12
+    assert len(set(a.values())) == 12
+
+
+def test_kill_during_save_leaves_no_torn_checkpoint(tmp_path, full):
+    out = tmp_path / "run"
+    # killed after the weights file of checkpoint 8, before its optimizer state
+    assert run_training_process([f"output_dir={out}", *ARGS], KILL_IN="write_main", KILL_SAVE_STEP=8) == -9
+    assert [s for s, _ in list_checkpoints(out)] == [4]
+    # killed with checkpoint 4 complete on disk but not yet renamed into place
+    out2 = tmp_path / "run2"
+    assert run_training_process([f"output_dir={out2}", *ARGS], KILL_IN="publish", KILL_SAVE_STEP=4) == -9
+    assert list_checkpoints(out2) == []
+    assert list((out2 / "checkpoints").glob(".tmp-*"))              # the unfinished one stays hidden
+    for step, folder in list_checkpoints(out):                     # what is there is whole
+        assert read_state(folder)["step"] == step
+        assert load_file(str(folder / "model.safetensors")) and read_optimizer(folder)["state"]
+    # resuming the torn run continues from 4 and matches an uninterrupted run from there on
+    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == 0
+    assert [s for s, _ in list_checkpoints(out)] == [4, 8, 12]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    assert read_losses(out) == read_losses(full)
+    last = list_checkpoints(out)[-1][1]
+    ref = load_file(str(list_checkpoints(full)[-1][1] / "model.safetensors"))
+    assert all(torch.equal(v, ref[k]) for k, v in load_file(str(last / "model.safetensors")).items())

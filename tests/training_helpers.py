@@ -1,0 +1,79 @@
+"""Tiny training configs and helpers shared by the training tests."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mediagen.training import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_DIT = ["task=class-to-image", "model.preset=dit-tiny", "data.dataset=mnist", "data.resolution=8",
+            "train.batch_size=16", "optim.lr=2e-3", "logging.progress=false", "logging.tensorboard=false"]
+
+TINY_WAN = ["task=text-to-video", "model.preset=wan-tiny", "model.text_max_length=40", "data.dataset=moving-mnist",
+            "data.resolution=16", "data.num_frames=4", "data.length=512", "train.batch_size=4", "optim.lr=2e-3",
+            "logging.progress=false", "logging.tensorboard=false"]
+
+
+def tiny_config(out, base, *extra):
+    return load_config(None, [f"output_dir={out}", *base, *extra])
+
+
+def read_losses(output_dir) -> dict[int, float]:
+    """Per-step losses from metrics.jsonl (a resumed run repeats steps: the last line wins)."""
+    out = {}
+    for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        out[row["step"]] = row["loss"]
+    return out
+
+
+def steps_logged(output_dir) -> list[int]:
+    return [json.loads(l)["step"] for l in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# A training process that SIGKILLs itself at a chosen point: after step KILL_AT, or inside the
+# checkpoint writer (KILL_IN=publish: all files written, not yet renamed; KILL_IN=write_main: after
+# the weights file, before the optimizer state).
+KILLABLE = r'''
+import os, signal, sys
+from mediagen.training import load_config, train
+from mediagen.training import checkpoint as ckpt
+from safetensors.torch import save_file as _save_file
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+kill_at = int(os.environ.get("KILL_AT", "0"))
+kill_in = os.environ.get("KILL_IN", "")
+kill_save_step = int(os.environ.get("KILL_SAVE_STEP", "0"))
+if kill_in == "publish":
+    real = ckpt.publish
+    def publish(out, step, keep):
+        if step == kill_save_step:
+            die()
+        return real(out, step, keep)
+    ckpt.publish = publish
+if kill_in == "write_main":
+    def save_file(tensors, path, *a, **k):
+        _save_file(tensors, path, *a, **k)
+        if path.endswith("model.safetensors") and f"{kill_save_step:07d}" in path:
+            die()
+    ckpt.save_file = save_file
+
+cfg = load_config(None, sys.argv[1:])
+train(cfg, on_step_end=lambda step, loss: die() if step == kill_at else None)
+'''
+
+
+def run_training_process(args, **env) -> int:
+    e = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **{k: str(v) for k, v in env.items()})
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", KILLABLE, *args], env=e, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode not in (0, -9):
+        raise AssertionError(f"training process failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.returncode
