@@ -107,7 +107,6 @@ class TrainSection:
     mixed_precision: str = "no"
     distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
     seed: int = 0
-    compile: bool = False
 
 
 @dataclass
