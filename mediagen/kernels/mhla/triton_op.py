@@ -61,7 +61,10 @@ def _config(name: str, D: int):
     c = KERNEL_CONFIGS[name]
     BD = max(16, triton.next_power_of_2(D))
     BT = c["BT"] if BD <= 128 else min(c["BT"], 32)
-    return BD, min(BD, c["TILE"]), BT, c["warps"], c["stages"]
+    # keep each program's D x TILE fp32 tiles within 128 x 128 (D = 256: 64 columns per program);
+    # wider ones run out of shared memory on the H200 in fp32
+    TILE = min(BD, c["TILE"], 16384 // BD)
+    return BD, TILE, BT, c["warps"], c["stages"]
 
 
 def choose_splits(B, H, M, largest_block, D, device) -> int:
