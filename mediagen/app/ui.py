@@ -71,7 +71,7 @@ def _video_tab(app: MediagenApp, d: dict):
 def _compare_tab(app: MediagenApp, d: dict):
     lim = app.limits
     choices = [config_label(a, e) for e in d["text_encoders"] for a in ATTENTIONS]
-    default = [config_label(a, REFERENCE[1]) for a in ("mhla", "linear", "hybrid")]
+    default = [config_label("mhla", REFERENCE[1]), config_label("hybrid", REFERENCE[1])]
     gr.Markdown(f"The same seed through each configuration; `{config_label(*REFERENCE)}` is the reference "
                 "(always run). PSNR/SSIM measure agreement with it; images also get digit-classifier scores, "
                 "videos VBench-style scores (pixel features for consistency).")
