@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gradio as gr
+
+def _error(message: str) -> Exception:
+    """``gr.Error(message)``; gradio is imported on use, so ``mediagen --help`` stays quick."""
+    import gradio as gr
+
+    return gr.Error(message)
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,12 @@ def bounded_int(name: str, value, low: int, high: int) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a whole number from {low} to {high}; got {value!r}") from None
+        raise _error(f"{name} must be a whole number from {low} to {high}; got {value!r}") from None
     if number != int(number):
-        raise gr.Error(f"{name} must be a whole number from {low} to {high}; got {value!r}")
+        raise _error(f"{name} must be a whole number from {low} to {high}; got {value!r}")
     number = int(number)
     if not low <= number <= high:
-        raise gr.Error(f"{name}={number} is out of bounds: this server allows {name} from {low} to {high}")
+        raise _error(f"{name}={number} is out of bounds: this server allows {name} from {low} to {high}")
     return number
 
 
@@ -46,16 +51,16 @@ def bounded_float(name: str, value, low: float, high: float) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a number from {low} to {high}; got {value!r}") from None
+        raise _error(f"{name} must be a number from {low} to {high}; got {value!r}") from None
     if not low <= number <= high:
-        raise gr.Error(f"{name}={number:g} is out of bounds: this server allows {name} from {low:g} to {high:g}")
+        raise _error(f"{name}={number:g} is out of bounds: this server allows {name} from {low:g} to {high:g}")
     return number
 
 
 def bounded_prompt(prompt, limits: Limits) -> str:
     prompt = "" if prompt is None else str(prompt)
     if len(prompt) > limits.max_prompt_chars:
-        raise gr.Error(f"prompt has {len(prompt)} characters; this server allows at most {limits.max_prompt_chars}")
+        raise _error(f"prompt has {len(prompt)} characters; this server allows at most {limits.max_prompt_chars}")
     return prompt
 
 
@@ -63,6 +68,6 @@ def bounded_side(name: str, value, multiple: int, limits: Limits) -> int:
     """A height or width: within [multiple, max_side] and a multiple of the model's patch stride."""
     side = bounded_int(name, value, multiple, limits.max_side)
     if side % multiple:
-        raise gr.Error(f"{name}={side} must be a multiple of {multiple} (the model's patch stride), "
+        raise _error(f"{name}={side} must be a multiple of {multiple} (the model's patch stride), "
                        f"e.g. {max(multiple, side - side % multiple)}")
     return side
