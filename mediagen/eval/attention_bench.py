@@ -139,14 +139,17 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
             try:
                 row["fwd_ms"] = timer(lambda: fn(q, k, v))
                 row["GB/s"] = floor_bytes / (row["fwd_ms"] / 1e3) / 1e9
-                if device.type == "cuda":  # kernel time without Python launch overhead
-                    import triton.testing
-
-                    row["fwd_graph_ms"] = triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=rep_ms,
-                                                                            return_mode="median")
             except Exception as err:  # a backend that refuses a shape (e.g. head dim 72)
                 row["fwd_ms"] = None
                 row["note"] = type(err).__name__ + ": " + str(err).splitlines()[0][:60]
+            if device.type == "cuda" and row.get("fwd_ms") is not None:  # kernels without launch overhead
+                import triton.testing
+
+                try:
+                    row["fwd_graph_ms"] = triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=rep_ms,
+                                                                            return_mode="median")
+                except Exception as err:  # the reference copies index lists to the GPU: not capturable
+                    row["note"] = "no CUDA graph: " + type(err).__name__
             if backward and row.get("fwd_ms") is not None:
                 qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
                 g = torch.randn_like(q)
