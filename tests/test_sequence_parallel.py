@@ -68,3 +68,41 @@ def test_shards_are_whole_blocks_covering_the_grid():
 def test_blocks_must_split_evenly():
     with pytest.raises(ValueError, match="divisible by the world size 3"):
         shard_layout(GRID, BLOCKS, 0, 3)
+
+
+def _wan_worker(rank, world, port):
+    from mediagen import convert
+    from mediagen.models.presets import build_transformer, preset
+    from mediagen.models.sequence_parallel import enable_sequence_parallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # same weights and inputs on every rank
+        model = convert(build_transformer("wan-tiny"), "mhla", blocks=(2, 2, 2)).eval()
+        p = preset("wan-tiny")
+        latents = torch.randn(2, p["config"]["in_channels"], p["frames"], p["height"], p["width"])
+        text = torch.randn(2, 5, p["config"]["text_dim"])
+        t = torch.tensor([300, 700])
+        with torch.no_grad():
+            want = model(latents, t, text).sample
+            enable_sequence_parallel(model)
+            got = model(latents, t, text).sample
+        assert got.shape == want.shape
+        assert ((got - want).norm() / want.norm()).item() < 1e-4
+    finally:
+        dist.destroy_process_group()
+
+
+def test_wan_transformer_sequence_parallel_matches_single_process():
+    mp.spawn(_wan_worker, args=(2, _free_port()), nprocs=2)
+
+
+def test_sequence_parallel_refuses_softmax_layers():
+    from mediagen import convert
+    from mediagen.models.presets import build_transformer
+    from mediagen.models.sequence_parallel import _check
+
+    model = convert(build_transformer("wan-tiny"), "mhla", blocks=(2, 2, 2), layers=[0])
+    with pytest.raises(ValueError, match="MHLA in every self-attention layer; layers \\[1\\]"):
+        _check(model, 2)

@@ -71,6 +71,7 @@ class GridSelfAttnProcessor(nn.Module):
             nn.init.zeros_(self.cpe.weight)
             nn.init.zeros_(self.cpe.bias)
         self.grids = grids  # shared LatentGrids (plain object, not a submodule)
+        self.sequence_parallel = None  # set by models.sequence_parallel.enable_sequence_parallel
         self._ids_cache: dict = {}
 
     # --- family-specific parts -------------------------------------------------------------
@@ -124,11 +125,15 @@ class GridSelfAttnProcessor(nn.Module):
             raise ValueError(f"hidden_states must be (B, N, C); got shape {tuple(hidden_states.shape)}")
         residual = hidden_states
         q, k, v = self.project_qkv(attn, hidden_states)
-        grid = tuple(self.grids.lookup(q.shape[1]))
-        if self.rope_features and rotary_emb is not None:
+        if self.sequence_parallel is not None:  # q, k, v hold this rank's slab of whole blocks
+            grid = self.sequence_parallel.grid
+            o = self.sequence_parallel.attend(self.core, q, k, v)
+        elif self.rope_features and rotary_emb is not None:
+            grid = tuple(self.grids.lookup(q.shape[1]))
             blocks, g = self._blocks(grid)
             o = self._attend_rope_features(q, k, v, self.core.mix, g, blocks, rotary_emb)
         else:
+            grid = tuple(self.grids.lookup(q.shape[1]))
             o = self.core(q, k, v, grid)
         o = o.flatten(2)
         if self.out_norm is not None:
