@@ -11,13 +11,7 @@ from mediagen.kernels.hla import (bucket_representatives, chunk_summaries, gate_
 from mediagen.kernels.hla.chunk import pad_to_chunks
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small CPU ops run faster on one thread, and much faster on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 F64 = torch.float64
 

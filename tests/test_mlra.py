@@ -9,13 +9,7 @@ import torch
 from mediagen.attention.mlra import MLRAttention
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small CPU ops run faster on one thread, and much faster on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 D, H = 64, 4

@@ -12,13 +12,7 @@ from mediagen.models.text_encoders import (ATTENTIONS, DistillConfig, MediagenTe
 from mediagen.models.text_encoders.distill import distillation_loss
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small CPU ops run faster on one thread, and much faster on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, hla_chunk=4,
             hla_pool=2)
