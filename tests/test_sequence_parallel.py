@@ -1,5 +1,5 @@
 """Sequence-parallel MHLA on 2 CPU processes (gloo): outputs and gradients (Mc's too) equal the
-single-process result."""
+single-process result, for the attention op and for a sharded Wan transformer."""
 
 import math
 import os
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mediagen.attention.sequence_parallel import sequence_parallel_mhla, shard_layout, shard_tokens
+from mediagen.attention.sequence_parallel import sequence_parallel_mhla, shard_layout, shard_tokens, sum_gradients
 from mediagen.kernels import mhla_reference
 
 GRID, BLOCKS, B, H, D = (6, 3, 5), (4, 2, 2), 1, 2, 16  # ragged blocks along every axis
@@ -38,7 +38,8 @@ def _worker(rank, world, port, per_head, seed):
         local = [shard_tokens(t, GRID, BLOCKS, rank, world).float().contiguous().requires_grad_() for t in (q, k, v)]
         mix32 = mix.float().requires_grad_()
         o = sequence_parallel_mhla(*local, mix32, GRID, BLOCKS, feature_map="elu1")
-        grads = torch.autograd.grad(o, (*local, mix32), shard_tokens(g, GRID, BLOCKS, rank, world).float())
+        grads = list(torch.autograd.grad(o, (*local, mix32), shard_tokens(g, GRID, BLOCKS, rank, world).float()))
+        dist.all_reduce(grads[3])  # each rank holds its query rows' share of dMc
 
         def rel(a, b):
             return ((a.double() - b).norm() / b.norm()).item()
@@ -84,17 +85,24 @@ def _wan_worker(rank, world, port):
         latents = torch.randn(2, p["config"]["in_channels"], p["frames"], p["height"], p["width"])
         text = torch.randn(2, 5, p["config"]["text_dim"])
         t = torch.tensor([300, 700])
-        with torch.no_grad():
-            want = model(latents, t, text).sample
-            enable_sequence_parallel(model)
-            got = model(latents, t, text).sample
+        want = model(latents, t, text).sample
+        want.square().mean().backward()
+        want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        enable_sequence_parallel(model)
+        got = model(latents, t, text).sample
         assert got.shape == want.shape
         assert ((got - want).norm() / want.norm()).item() < 1e-4
+        got.square().mean().backward()  # the same loss on every rank
+        sum_gradients(model)
+        for name, g in want_grads.items():
+            p = dict(model.named_parameters())[name]
+            assert ((p.grad - g).norm() / g.norm().clamp_min(1e-12)).item() < 1e-3, name
     finally:
         dist.destroy_process_group()
 
 
-def test_wan_transformer_sequence_parallel_matches_single_process():
+def test_wan_transformer_sequence_parallel_matches_single_process_with_gradients():
     mp.spawn(_wan_worker, args=(2, _free_port()), nprocs=2)
 
 

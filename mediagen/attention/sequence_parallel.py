@@ -8,14 +8,14 @@ the contiguous token range of those rows. One layer:
               -> mix its own query rows, S~_i = sum_b Mc[i, b] S_b -> outputs of its tokens
     backward  local dS~_i and dq -> dS_b = sum_i Mc[i, b] dS~_i over its query rows, for all b
               -> reduce-scatter (each rank: the sum for its own blocks) -> dk, dv locally;
-              dMc rows i = <dS~_i, S_b>, all-reduced so every rank holds the full dMc.
+              dMc gets this rank's rows, dMc[i, b] = <dS~_i, S_b> for its query blocks i.
 
 Bytes sent per rank and layer: the all-gather and reduce-scatter of B*H*M*(D*D + D) fp32 values,
 independent of the number of tokens at a fixed block count. Softmax attention spread over ranks
 (Ulysses all-to-all or ring passes) moves q/k/v-sized tensors instead, growing with the sequence.
 
-dMc is the gradient of the whole sequence on every rank: do not average Mc's gradient again over
-the sequence-parallel group (average only over data-parallel replicas).
+Like every other parameter of a sequence-parallel model, Mc's gradient on a rank is that rank's
+share: sum parameter gradients over the group (``sum_gradients``) to get the whole sequence's.
 
 The local pieces run on the Triton kernels (CUDA, or the Triton interpreter in the CPU tests).
 """
@@ -112,7 +112,6 @@ class _SequenceParallelMHLA(torch.autograd.Function):
             dmix[:, rows] = drows
         else:
             dmix[rows] = drows.sum(0)
-        dist.all_reduce(dmix, group=group)
         return dq, dk, dv, dmix.to(mix.dtype), None, None, None, None, None, None, None
 
 
@@ -137,3 +136,10 @@ def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=
     fcode = {None: 0, "relu": 1, "elu1": 2}[feature_map]
     return _SequenceParallelMHLA.apply(q, k, v, mix, order.to(q.device), offsets.to(q.device), group, normalize,
                                        float(eps), fcode, 1.0 if scale is None else float(scale))
+
+
+def sum_gradients(module: torch.nn.Module, group=None) -> None:
+    """Sum every parameter gradient over the sequence-parallel group (each rank holds its share)."""
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)

@@ -7,8 +7,12 @@ summaries (``mediagen.attention.sequence_parallel``), everything else in a block
 
 Hooks: the transformer's pre-hook records the token grid of the call; a pre-hook on every block
 cuts hidden states, RoPE tables and per-token time embeddings to this rank's slab; a hook on the
-last block all-gathers the slabs back before the output head. Inference only: the forward's
-all-gather is not differentiable (the attention op itself has a tested backward). Needs every
+output projection all-gathers the slabs back before the unpatchify.
+
+Training: every rank computes the same loss on the full output; the gather's backward hands each
+rank the gradient of its own slab, so each rank's parameter gradients are its share of the total.
+Call ``mediagen.attention.sequence_parallel.sum_gradients(model, group)`` after ``backward()`` (and
+do not also average them across the same ranks with DDP). Needs every
 self-attention layer to be MHLA with blocks[0] divisible by the world size, without CPE (a
 convolution across slab borders) or RoPE on features.
 """
@@ -43,6 +47,26 @@ class SequenceParallelState:
         return sequence_parallel_mhla(q, k, v, core.mix, self.grid, core.blocks, group=self.group,
                                       normalize=core.normalize, eps=core.eps, feature_map=core.feature_map,
                                       scale=core.scale if not core.normalize else None)
+
+
+class _GatherSlabs(torch.autograd.Function):
+    """(B, N_r, C) slabs of all ranks -> (B, N, C) on every rank; backward: this rank's slab of the
+    gradient (every rank computes the same loss on the full output)."""
+
+    @staticmethod
+    def forward(ctx, slab, spans, group):
+        rank = dist.get_rank(group)
+        longest = max(e - f for f, e in spans)
+        padded = torch.nn.functional.pad(slab, (0, 0, 0, longest - slab.shape[1])).contiguous()
+        parts = [torch.empty_like(padded) for _ in spans]
+        dist.all_gather(parts, padded, group=group)
+        ctx.span = spans[rank]
+        return torch.cat([p[:, :e - f] for p, (f, e) in zip(parts, spans)], dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        first, end = ctx.span
+        return grad[:, first:end], None, None
 
 
 def _check(transformer, world):
@@ -88,16 +112,13 @@ def enable_sequence_parallel(transformer, group=None):
         return (local(hidden, 1), text, temb, rotary), kwargs
 
     def gather(module, args, kwargs, out):
-        first, end = state.span
         world = dist.get_world_size(group)
-        sizes = [shard_layout(state.grid, blocks, r, world) for r in range(world)]
-        longest = max(e - f for f, e, _, _ in sizes)
-        padded = torch.nn.functional.pad(out, (0, 0, 0, longest - (end - first)))
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded.contiguous(), group=group)
-        return torch.cat([p[:, :e - f] for p, (f, e, _, _) in zip(parts, sizes)], dim=1)
+        spans = [shard_layout(state.grid, blocks, r, world)[:2] for r in range(world)]
+        return _GatherSlabs.apply(out, spans, group)
 
     handles = [transformer.register_forward_pre_hook(record, with_kwargs=True)]
     handles += [blk.register_forward_pre_hook(cut, with_kwargs=True) for blk in transformer.blocks]
-    handles.append(transformer.blocks[-1].register_forward_hook(gather, with_kwargs=True))
+    # gathered after the output projection, so the output head too runs on slabs and every
+    # parameter's gradient on a rank is that rank's share
+    handles.append(transformer.proj_out.register_forward_hook(gather, with_kwargs=True))
     return handles
