@@ -6,11 +6,12 @@ the digits as if they were latents, which is only a smoke run. Prints a table an
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import torch
+
+from .json_report import write_json_report
 
 
 def register(sub):
@@ -86,8 +87,5 @@ def run(args) -> int:
     for name, s in stats.items():
         print(f"| {name} | {s['kind']} | {s['tokens']} | {s['rank_mean']:.1f} | {s['entropy_mean']:.3f} |")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump({"checkpoint": str(args.checkpoint), "rtol": args.rtol, "layers": stats}, fh, indent=2)
-        print(f"wrote {args.out}")
+        write_json_report(args.out, {"checkpoint": str(args.checkpoint), "rtol": args.rtol, "layers": stats})
     return 0

@@ -3,13 +3,13 @@ against a reference set, on the chosen features; prints the scores and writes JS
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import torch
 
 from .features import FEATURE_DIMS, FEATURES
+from .json_report import write_json_report
 
 
 def register(sub):
@@ -99,10 +99,7 @@ def run(args) -> int:
     print(f"FID ({features}, {len(feats)} samples vs {ref.n} reference): {fid:.4f}")
     print("KID: " + (f"{kid:.6f}" if kid is not None else "n/a (reference statistics hold no features)"))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
-        print(f"wrote {args.out}")
+        write_json_report(args.out, result)
     return 0
 
 

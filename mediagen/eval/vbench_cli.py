@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .json_report import write_json_report
+
 
 def register(sub):
     p = sub.add_parser("vbench", help="VBench-style quality and Moving-MNIST semantic scores of videos")
@@ -118,8 +120,5 @@ def run(args) -> int:
     if args.table:
         Path(args.table).write_text(table + "\n")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(report, fh, indent=2)
-        print(f"wrote {args.out}")
+        write_json_report(args.out, report)
     return 0
