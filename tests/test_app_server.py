@@ -1,7 +1,6 @@
 """The Gradio app served on 127.0.0.1 with tiny models: every API endpoint through gradio_client,
 readable out-of-bounds errors, eight concurrent requests, and a real headless Chromium render."""
 
-import concurrent.futures
 import os
 import re
 from pathlib import Path

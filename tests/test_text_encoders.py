@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mediagen.models.text_encoders import (ATTENTIONS, DistillConfig, MediagenTextEncoder, PromptEncoder, distill,
-                                           encoder_from_minilm, load_minilm, load_minilm_tokenizer,
+                                           encoder_from_minilm, load_minilm_tokenizer,
                                            load_text_encoder, make_prompts, sentence_similarity)
 from mediagen.models.text_encoders.distill import distillation_loss
 

@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 PREVIEW_SIDE = 256
 KEEP_SECONDS = 6 * 3600          # request folders older than this are removed when a new one is made

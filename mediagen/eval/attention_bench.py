@@ -164,7 +164,6 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
                     row["fwd_bwd_ms"] = None
                     row["note"] = "bwd: " + type(err).__name__
             rows.append(row)
-            del fn
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows, bandwidth
