@@ -26,6 +26,21 @@ def test_tiny_dit_loss_falls_and_pipeline_generates(tmp_path):
     images = pipe(class_labels=[3, 4], num_inference_steps=3, output_type="np",
                   generator=torch.Generator().manual_seed(0)).images
     assert images.shape == (2, 8, 8, 1) and np.isfinite(images).all()
+    # the last checkpoint exported equals the final pipeline (both hold the EMA weights of step 30);
+    # an earlier one differs
+    from safetensors.torch import load_file
+    from mediagen.training.export import export_checkpoint
+    final = load_file(str(out / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors"))
+    last = export_checkpoint(cfg, "latest")
+    assert last.name == "pipeline-step-30"
+    exported = load_file(str(last / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+    earlier = load_file(str(export_checkpoint(cfg, "20", tmp_path / "at20") / "transformer"
+                            / "diffusion_pytorch_model.safetensors"))
+    assert any(not torch.equal(earlier[k], final[k]) for k in final)
+    import pytest
+    with pytest.raises(ValueError, match="one of \\[20, 30\\]"):
+        export_checkpoint(cfg, "25")
 
 
 def test_mhla_text_to_video_with_text_cache_generates(tmp_path):

@@ -52,3 +52,16 @@ def test_kill_during_save_leaves_no_torn_checkpoint(tmp_path, full):
     last = list_checkpoints(out)[-1][1]
     ref = load_file(str(list_checkpoints(full)[-1][1] / "model.safetensors"))
     assert all(torch.equal(v, ref[k]) for k, v in load_file(str(last / "model.safetensors")).items())
+
+
+def test_time_limit_checkpoints_stops_and_resumes_identically(tmp_path, full):
+    out = tmp_path / "timed"
+    # a limit already past after the first step: checkpoint at step 1, stop, no final pipeline
+    assert run_training_process([f"output_dir={out}", *ARGS, "train.time_limit_minutes=1e-6"]) == 0
+    assert steps_logged(out) == [1]
+    assert [s for s, _ in list_checkpoints(out)] == [1]
+    assert not (out / "pipeline").exists()
+    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == 0
+    assert steps_logged(out) == list(range(1, 13))
+    assert read_losses(out) == read_losses(full)
+    assert (out / "pipeline" / "model_index.json").is_file()

@@ -4,12 +4,15 @@ Small ones work in pixel space (with ``IdentityAutoencoder``) so they train on a
 on a CPU; the large ones reproduce published sizes for benchmarks (random weights). Each preset is
 a plain dict, so it can be written as JSON (``write_preset_json``) or edited before building.
 
+    dit-mnist       the shipped default: 6 x 192 (3 heads of 64), class-conditional 28x28x1, patch 2
+                    -> 14x14 tokens, 4.0M parameters (8 MB in fp16)
     dit-s-mnist     DiT-S-like (12 x 384, 6 heads), class-conditional 28x28x1, patch 2 -> 14x14 tokens
     dit-s-cifar     the same width/depth for 32x32x3, patch 2 -> 16x16 tokens
     dit-tiny        2 layers x 32, for tests
     dit-xl-2-256    DiT-XL/2 on 32x32x4 latents (256 px through an SD VAE); dit-xl-2-512: 64x64
-    wan-mmnist      tiny Wan-style text-to-video for Moving-MNIST: 16 frames 64x64x1, patch (1,4,4)
-                    -> 16x16x16 tokens, text from a 384-wide encoder (MiniLM-sized)
+    wan-mmnist      small Wan-style text-to-video for Moving-MNIST (the shipped default): 6 x 192
+                    (3 heads of 64), 16 frames 64x64x1, patch (1,4,4) -> 16x16x16 tokens, text from a
+                    384-wide encoder (MiniLM's width)
     wan-tiny        2 layers x 32, for tests
     wan2.1-1.3b     Wan2.1-T2V-1.3B (1.42B params)
 """
@@ -27,6 +30,9 @@ _WAN_BASE = dict(patch_size=[1, 2, 2], freq_dim=256, cross_attn_norm=True, qk_no
                  eps=1e-6, rope_max_seq_len=1024)
 
 PRESETS: dict[str, dict] = {
+    "dit-mnist": {"class": "DiTTransformer2DModel", "task": "class-to-image", "num_classes": 10,
+                  "config": dict(_DIT_S, num_attention_heads=3, attention_head_dim=64, num_layers=6, in_channels=1,
+                                 out_channels=1, sample_size=28, num_embeds_ada_norm=10)},
     "dit-s-mnist": {"class": "DiTTransformer2DModel", "task": "class-to-image", "num_classes": 10,
                     "config": dict(_DIT_S, in_channels=1, out_channels=1, sample_size=28, num_embeds_ada_norm=10)},
     "dit-s-cifar": {"class": "DiTTransformer2DModel", "task": "class-to-image", "num_classes": 10,
@@ -42,8 +48,8 @@ PRESETS: dict[str, dict] = {
                                     in_channels=4, out_channels=8, sample_size=64, num_embeds_ada_norm=1000)},
     "wan-mmnist": {"class": "WanTransformer3DModel", "task": "text-to-video", "frames": 16, "height": 64,
                    "width": 64,
-                   "config": dict(_WAN_BASE, patch_size=[1, 4, 4], num_attention_heads=4, attention_head_dim=64,
-                                  in_channels=1, out_channels=1, text_dim=384, ffn_dim=1024, num_layers=8)},
+                   "config": dict(_WAN_BASE, patch_size=[1, 4, 4], num_attention_heads=3, attention_head_dim=64,
+                                  in_channels=1, out_channels=1, text_dim=384, ffn_dim=768, num_layers=6)},
     "wan-tiny": {"class": "WanTransformer3DModel", "task": "text-to-video", "frames": 3, "height": 8, "width": 8,
                  "config": dict(_WAN_BASE, num_attention_heads=2, attention_head_dim=16, in_channels=1,
                                 out_channels=1, text_dim=32, ffn_dim=64, num_layers=2)},

@@ -19,6 +19,7 @@ from ..models.loading import load_transformer
 from ..models.presets import PRESETS, build_transformer
 from .class_image import ClassConditionalImagePipeline
 from .schedulers import make_scheduler
+from .shipping import referenced_text_encoder
 from .text_image import TextToImagePipeline
 from .text_video import TextToVideoPipeline
 from .vae_utils import vae_factors
@@ -57,7 +58,7 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
         name = json.loads((path / "model_index.json").read_text()).get("_class_name")
         if name not in PIPELINES:
             raise ValueError(f"{path / 'model_index.json'} names _class_name={name!r}; loadable: {sorted(PIPELINES)}")
-        pipe = PIPELINES[name].from_pretrained(str(path))
+        pipe = PIPELINES[name].from_pretrained(str(path), **referenced_text_encoder(path))
         if scheduler is not None:
             pipe.scheduler = make_scheduler(scheduler, shift)
     elif (path / "config.json").is_file():

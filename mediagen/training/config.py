@@ -107,6 +107,7 @@ class TrainSection:
     mixed_precision: str = "no"
     distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
     seed: int = 0
+    time_limit_minutes: float = 0.0         # > 0: checkpoint and stop after this much wall time (resume later)
 
 
 @dataclass
@@ -183,6 +184,8 @@ def check_config(cfg) -> None:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}")
     if cfg.train.batch_size < 1 or cfg.train.max_steps < 1:
         raise ConfigError("train.batch_size and train.max_steps must be >= 1")
+    if cfg.train.time_limit_minutes < 0:
+        raise ConfigError(f"train.time_limit_minutes={cfg.train.time_limit_minutes} must be >= 0 (0: no limit)")
     if cfg.finetune.mode in ("full", "lora", "convert") and cfg.model.pretrained is None:
         raise ConfigError(f"finetune.mode={cfg.finetune.mode!r} needs model.pretrained (the checkpoint to start from)")
     if cfg.finetune.mode == "convert" and cfg.model.attention is None:

