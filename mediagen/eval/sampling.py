@@ -82,16 +82,34 @@ def sample_images(checkpoint, n: int, batch_size: int = 16, seed: int = 0, devic
     return images
 
 
-def sample_videos(checkpoint, prompts, seed: int = 0, device="cpu", progress=True, **kwargs) -> list[np.ndarray]:
-    """One video (uint8 (T, H, W, 3)) per prompt from the pipeline at ``checkpoint``."""
+def swap_text_encoder(pipe, name: str, device="cpu"):
+    """Condition ``pipe`` through another text encoder (a ``load_text_encoder`` name or folder, e.g. a
+    distilled MLRA / HLA encoder standing in for the MiniLM the model was trained with)."""
+    from ..models.text_encoders import load_text_encoder
+
+    encoder = load_text_encoder(name, device=device)
+    width = getattr(pipe.transformer.config, "text_dim", None)
+    if width is not None and encoder.hidden_size != width:
+        raise ValueError(f"text_encoder={name!r} gives {encoder.hidden_size}-d states; the transformer takes {width}")
+    pipe.register_modules(text_encoder=encoder.model, tokenizer=encoder.tokenizer)
+    return pipe
+
+
+def sample_videos(checkpoint, prompts, seed: int = 0, device="cpu", progress=True, batch_size: int = 1,
+                  text_encoder: str | None = None, **kwargs) -> list[np.ndarray]:
+    """One video (uint8 (T, H, W, 3)) per prompt from the pipeline at ``checkpoint``, ``batch_size``
+    prompts per call (the batch starting at prompt i uses seed + i)."""
     pipe = load_pipeline(checkpoint, device)
+    if text_encoder is not None:
+        swap_text_encoder(pipe, text_encoder, device)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     videos = []
-    for i, prompt in enumerate(tqdm(prompts, desc="sampling videos", disable=not progress)):
-        out = _to_uint8(_call(pipe, 1, seed, i, [prompt], **kwargs))
-        video = out[0] if out.ndim == 5 else out
-        if video.shape[-1] == 1:
-            video = np.repeat(video, 3, axis=-1)
-        videos.append(video)
+    for start in tqdm(range(0, len(prompts), batch_size), desc="sampling videos", disable=not progress):
+        chunk = list(prompts[start:start + batch_size])
+        out = _to_uint8(_call(pipe, len(chunk), seed, start, chunk, **kwargs))
+        for video in (out if out.ndim == 5 else out[None]):
+            if video.shape[-1] == 1:
+                video = np.repeat(video, 3, axis=-1)
+            videos.append(video)
     return videos

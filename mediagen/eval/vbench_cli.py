@@ -36,6 +36,10 @@ def register(sub):
     p.add_argument("--height", type=int, default=None, help="video height (checkpoint only; pipeline default)")
     p.add_argument("--width", type=int, default=None, help="video width (checkpoint only; pipeline default)")
     p.add_argument("--num-frames", type=int, default=None, help="frames per video (checkpoint only)")
+    p.add_argument("--batch-size", type=int, default=1, help="videos sampled per pipeline call (checkpoint only)")
+    p.add_argument("--text-encoder", default=None,
+                   help="condition through this text encoder instead of the pipeline's (checkpoint only): "
+                        "'minilm', 'minilm-mlra2', 'minilm-hla' or a saved encoder folder")
     p.add_argument("--save-videos", default=None, help="write sampled videos here (checkpoint only)")
     p.add_argument("--out", default=os.path.join("outputs", "vbench.json"), help="JSON file for the results")
     p.add_argument("--table", default=None, help="also write the markdown table here")
@@ -97,12 +101,15 @@ def run(args) -> int:
     else:
         if not prompts:
             raise ValueError("--checkpoint needs --prompts FILE (one video is sampled per prompt)")
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size={args.batch_size} must be >= 1")
         from .sampling import sample_videos
 
         video_prompts = list(prompts.values()) if isinstance(prompts, dict) else list(prompts)
         videos = sample_videos(args.checkpoint, video_prompts, args.seed, args.device, progress=not args.quiet,
                                num_inference_steps=args.steps, guidance_scale=args.guidance,
-                               height=args.height, width=args.width, num_frames=args.num_frames)
+                               height=args.height, width=args.width, num_frames=args.num_frames,
+                               batch_size=args.batch_size, text_encoder=args.text_encoder)
         names = [f"{p}-{i}.mp4" for i, p in enumerate(video_prompts)]
         if args.save_videos:
             from .video_io import write_video
