@@ -36,6 +36,8 @@ def test_fid_and_kid_match_clean_fid(tmp_path, mnist_fx, digits):
                               batch_size=64, device=torch.device("cpu"), custom_feat_extractor=mnist_fx,
                               custom_fn_resize=mnist_fx.resize, verbose=False)
     fa = extract_features(load_images(tmp_path / "a"), mnist_fx, progress=False)
+    save_images(a, tmp_path / "a.npz")                       # one compressed array: the same pixels
+    assert np.array_equal(np.stack(list(load_images(tmp_path / "a.npz"))), np.asarray(a))
     fb = extract_features(b, mnist_fx, progress=False)  # arrays and PNG folders give the same features
     mu_b, sig_b = feature_stats(fb)
     ours = fid_from_features(fa, mu_b, sig_b)

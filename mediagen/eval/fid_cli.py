@@ -36,7 +36,7 @@ def register(sub):
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (pipeline default when omitted)")
     p.add_argument("--kid-subsets", type=int, default=100)
     p.add_argument("--kid-subset-size", type=int, default=1000)
-    p.add_argument("--save-samples", default=None, help="also write the sampled images as PNG files here")
+    p.add_argument("--save-samples", default=None, help="also write the sampled images as PNG files into this folder, or into one .npz (uint8, key images)")
     p.add_argument("--save-reference-stats", default=None, help="write the reference statistics to this .npz")
     p.add_argument("--out", default=os.path.join("outputs", "fid.json"), help="JSON file for the results")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

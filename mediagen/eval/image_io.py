@@ -89,9 +89,14 @@ class _Head:
 
 
 def save_images(images, folder, prefix: str = "") -> list[str]:
-    """Write uint8 images as PNG files 000000.png, 000001.png, ... into ``folder``."""
+    """Write uint8 images as PNG files 000000.png, 000001.png, ... into ``folder``, or, when
+    ``folder`` ends in .npz, as one compressed array under the key 'images'."""
     from PIL import Image
 
+    if str(folder).endswith(".npz"):
+        os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
+        np.savez_compressed(folder, images=np.stack([np.asarray(im) for im in images]))
+        return [str(folder)]
     os.makedirs(folder, exist_ok=True)
     paths = []
     for i, img in enumerate(images):

@@ -40,6 +40,8 @@ def register(sub):
     p.add_argument("--text-encoder", default=None,
                    help="condition through this text encoder instead of the pipeline's (checkpoint only): "
                         "'minilm', 'minilm-mlra2', 'minilm-hla' or a saved encoder folder")
+    p.add_argument("--save-format", default="mp4", choices=["mp4", "gif", "npy"],
+                   help="file format of --save-videos (npy needs no video codec)")
     p.add_argument("--save-videos", default=None, help="write sampled videos here (checkpoint only)")
     p.add_argument("--out", default=os.path.join("outputs", "vbench.json"), help="JSON file for the results")
     p.add_argument("--table", default=None, help="also write the markdown table here")
@@ -110,7 +112,7 @@ def run(args) -> int:
                                num_inference_steps=args.steps, guidance_scale=args.guidance,
                                height=args.height, width=args.width, num_frames=args.num_frames,
                                batch_size=args.batch_size, text_encoder=args.text_encoder)
-        names = [f"{p}-{i}.mp4" for i, p in enumerate(video_prompts)]
+        names = [f"{p}-{i}.{args.save_format}" for i, p in enumerate(video_prompts)]
         if args.save_videos:
             from .video_io import write_video
 
