@@ -5,6 +5,8 @@ Prints markdown tables (and appends them to --out). On a GPU:
     python benchmarks/text_encoders.py --out benchmarks/RESULTS.md --distill-steps 1000
 On a CPU, end to end in about a minute with tiny shapes:
     python benchmarks/text_encoders.py --tiny
+Only some tables, e.g. MLRA decode against MHA at 4K-128K context:
+    python benchmarks/text_encoders.py --only decode --out benchmarks/RESULTS.md
 
 Work to expect: HLA's walk over all earlier chunks is about (N/C)^2/2 chunk pairs, each two
 (C x d) @ (d x d) GEMMs per head; at 32K tokens with C = 256 that is 8,128 pairs, roughly half the
@@ -47,6 +49,7 @@ TINY_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=6
 # decode shapes: (name, hidden, heads); MLRA defaults d_c = 4 d_h, d_r = d_h / 2
 DECODE_SHAPES = {"minilm 12x32": (384, 12), "lm 16x128": (2048, 16)}
 TINY_DECODE = {"tiny 4x8": (32, 4)}
+TABLES = ("encode", "decode", "skipping")                            # latency tables, for --only
 
 
 def sync(device):
@@ -221,6 +224,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-latency", action="store_true", help="skip the latency tables (quality only)")
+    p.add_argument("--only", nargs="+", default=None, choices=TABLES,
+                   help="run only these latency tables (quality still follows --distill-steps)")
     p.add_argument("--out", default=None, help="append the tables to this markdown file")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -240,11 +245,14 @@ def main(argv=None):
               f"fla {'yes' if fla_available() else 'no'})", ""]
     print("\n".join(header), flush=True)
     out = list(header)
-    if not args.no_latency:
+    tables = [] if args.no_latency else (args.only or TABLES)
+    if "encode" in tables:
         out += ["### Encoding latency (forward, whole encoder)", ""]
         out += encoding_table(args, device, dtype, shape) + [""]
+    if "decode" in tables:
         out += ["### Decode latency per token (one attention layer, cache of ctx tokens)", ""]
         out += decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES) + [""]
+    if "skipping" in tables:
         out += ["### HLA chunk skipping (beyond the paper), random weights", ""]
         out += skipping_table(args, device, dtype, shape) + [""]
     if args.distill_steps > 0:

@@ -8,7 +8,8 @@
   "minilm-sdpa" | "minilm-mlra2"  a causal ``MediagenTextEncoder`` initialised from MiniLM
   "minilm-mlra4" | "minilm-hla"   (undistilled: run ``distill`` before relying on it)
   a directory                     a saved ``PromptEncoder`` (``save_pretrained``): MediagenTextEncoder
-                                  or any transformers encoder, with its tokenizer
+                                  or any transformers encoder, with its tokenizer; or a slim checkpoint
+                                  (``save_pretrained(dir, slim=True)``: only what differs from MiniLM)
   a hub id                        e.g. "google/umt5-xxl" (Wan) or a decoder LM (SANA-style); needs the
                                   files in the local cache or a network
 """
@@ -27,6 +28,7 @@ from .minilm import MINILM_MAX_LENGTH, dtype_kwarg, load_minilm, load_minilm_tok
 from .output import TextEncoderOutput
 from .prompt_encoder import PromptEncoder
 from .prompts import make_prompts
+from .slim import SLIM_KEY, is_slim, load_slim, save_slim
 
 MINILM_VARIANTS = {f"minilm-{a}": a for a in ATTENTIONS}
 
@@ -71,6 +73,13 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
     path = Path(name)
     if path.is_dir() and (path / "config.json").is_file():
         meta = json.loads((path / "config.json").read_text())
+        if meta.get("_class_name") == MediagenTextEncoder.__name__ and SLIM_KEY in meta:
+            model = load_slim(path, torch_dtype)
+            if config:
+                model.set_hla_skipping(config.get("hla_top_k"), config.get("hla_gate_threshold"),
+                                       config.get("hla_route"))
+            return PromptEncoder(load_minilm_tokenizer(), model.to(device), kind="mediagen",
+                                 default_max_length=77)
         if meta.get("_class_name") == MediagenTextEncoder.__name__:
             from transformers import AutoTokenizer
             model = MediagenTextEncoder.from_pretrained(path, torch_dtype=torch_dtype)
@@ -84,4 +93,5 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
 
 __all__ = ["load_text_encoder", "PromptEncoder", "MediagenTextEncoder", "TextEncoderOutput", "ATTENTIONS",
            "encoder_from_minilm", "load_minilm", "load_minilm_tokenizer", "minilm_path", "distill",
-           "DistillConfig", "distillation_loss", "sentence_similarity", "mean_pool", "make_prompts"]
+           "DistillConfig", "distillation_loss", "sentence_similarity", "mean_pool", "make_prompts",
+           "save_slim", "load_slim", "is_slim"]

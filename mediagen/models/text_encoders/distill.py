@@ -4,10 +4,18 @@ Loss per batch (real tokens only): MSE(student, teacher) + (1 - cos(student, tea
 + (1 - cos) of the mean-pooled sentence embeddings + HLA's gate regularisers (``aux_loss``).
 The student is causal and the teacher bidirectional, so early tokens cannot match exactly; the
 sentence term keeps the pooled embedding (what MiniLM is trained for) close.
+
+``DistillConfig.train_only="attention"`` trains the attention modules and every norm only, leaving the
+embeddings and FFNs copied from MiniLM frozen, so that a slim checkpoint (``slim.py``) stores about
+a sixth of the weights. ``time_limit`` bounds the loop's wall time: after a few steps the step count
+is cut to what fits (the learning-rate schedule still anneals to its end), and the loop stops anyway
+once the limit has passed.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +43,28 @@ def distillation_loss(student_hidden, teacher_hidden, mask, aux_loss=None):
     return total, {"token_mse": token_mse.item(), "token_cos": token_cos.item(), "sentence_cos": sent_cos.item()}
 
 
+# train_only presets: a regular expression searched in parameter names
+TRAIN_ONLY = {"attention": r"\.attn\.|norm"}                          # layers.i.attn.*, every LayerNorm/RMSNorm
+
+
+def trainable_names(model, train_only: str | None) -> list[str]:
+    """Names of the parameters ``train_only`` selects: None or "all" (every one), "attention" (the
+    attention modules and the norms), or a regular expression searched in parameter names."""
+    names = [n for n, _ in model.named_parameters()]
+    if train_only in (None, "all"):
+        return names
+    pattern = TRAIN_ONLY.get(train_only, train_only)
+    try:
+        regex = re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"train_only={train_only!r} is neither a preset ({', '.join(['all', *TRAIN_ONLY])}) "
+                         f"nor a valid regular expression: {err}") from err
+    picked = [n for n in names if regex.search(n)]
+    if not picked:
+        raise ValueError(f"train_only={train_only!r} selects no parameter; names look like {names[:3]}")
+    return picked
+
+
 @dataclass
 class DistillConfig:
     steps: int = 2000
@@ -45,43 +75,88 @@ class DistillConfig:
     train_prompts: int = 20000
     seed: int = 0
     log_every: int = 50
+    train_only: str | None = None          # None/"all", "attention" (attention + norms) or a name regex
+    time_limit: float | None = None        # seconds for the loop; fewer steps if needed, never longer
     history: list = field(default_factory=list)
+
+
+def _one_cycle(opt, cfg, total: int, done: int = 0):
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(total, 1), pct_start=0.05)
+    for _ in range(done):                                              # resume a re-planned schedule
+        sched.step()
+    return sched
 
 
 def distill(student, teacher, tokenizer, config: DistillConfig | None = None, prompts: list[str] | None = None,
             device=None, progress: bool = True):
     """Train ``student`` (MediagenTextEncoder) to reproduce ``teacher``'s (MiniLM BertModel) token
-    embeddings. Returns the list of logged loss dicts. The teacher stays frozen."""
+    embeddings. Returns the list of logged loss dicts (the last one is the last step taken; it has
+    ``"stopped": "time_limit"`` when the time limit cut the run short). The teacher stays frozen;
+    parameters ``config.train_only`` leaves out are not changed (their requires_grad is restored)."""
     cfg = config or DistillConfig()
     device = torch.device(device) if device is not None else next(student.parameters()).device
     prompts = prompts if prompts is not None else make_prompts(cfg.train_prompts, "train", cfg.seed)
     if not prompts:
         raise ValueError("prompts is empty: distillation needs at least one prompt")
+    if cfg.time_limit is not None and cfg.time_limit <= 0:
+        raise ValueError(f"time_limit={cfg.time_limit} must be > 0 seconds (or None)")
     gen = torch.Generator().manual_seed(cfg.seed)
     teacher.eval().requires_grad_(False).to(device)
     student.train().to(device)
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(cfg.steps, 1),
-                                                pct_start=0.05)
-    history = []
-    for step in tqdm(range(cfg.steps), desc="distill", disable=not progress):
-        idx = torch.randint(len(prompts), (cfg.batch_size,), generator=gen).tolist()
-        batch = tokenizer([prompts[i] for i in idx], padding=True, truncation=True,
-                          max_length=cfg.max_length, return_tensors="pt").to(device)
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        with torch.no_grad():
-            target = teacher(input_ids=ids, attention_mask=mask).last_hidden_state
-        out = student(ids, mask, return_aux=True)
-        loss, parts = distillation_loss(out.last_hidden_state, target, mask, out.aux_loss)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            history.append({"step": step, "loss": loss.item(), **parts})
-    student.eval()
+    picked = set(trainable_names(student, cfg.train_only))
+    was = {n: p.requires_grad for n, p in student.named_parameters()}
+    for n, p in student.named_parameters():
+        p.requires_grad_(was[n] and n in picked)
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = cfg.steps
+    sched = _one_cycle(opt, cfg, total)
+    probe = min(25, max(total // 20, 5))                               # steps timed before re-planning
+    history, stopped = [], None
+    start = probe_start = time.perf_counter()
+    bar = tqdm(total=total, desc="distill", disable=not progress)
+    step = 0
+    try:
+        while step < total:
+            idx = torch.randint(len(prompts), (cfg.batch_size,), generator=gen).tolist()
+            batch = tokenizer([prompts[i] for i in idx], padding=True, truncation=True,
+                              max_length=cfg.max_length, return_tensors="pt").to(device)
+            ids, mask = batch["input_ids"], batch["attention_mask"]
+            with torch.no_grad():
+                target = teacher(input_ids=ids, attention_mask=mask).last_hidden_state
+            out = student(ids, mask, return_aux=True)
+            loss, parts = distillation_loss(out.last_hidden_state, target, mask, out.aux_loss)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            bar.update(1)
+            elapsed = time.perf_counter() - start
+            if cfg.time_limit is not None and step == 1:
+                probe_start = time.perf_counter()                      # after the first steps' warm-up
+            if cfg.time_limit is not None and step == 1 + probe:      # re-plan to fit the time limit
+                per_step = (time.perf_counter() - probe_start) / probe
+                fits = step + 1 + int((cfg.time_limit - elapsed) / per_step * 0.95)
+                if fits < total:
+                    total = max(step + 2, fits)
+                    sched = _one_cycle(opt, cfg, total, done=step + 1)
+                    bar.total = total
+                    bar.refresh()
+            last = step == total - 1
+            if cfg.time_limit is not None and elapsed > cfg.time_limit and not last:
+                stopped, last = "time_limit", True
+            if step % cfg.log_every == 0 or last:
+                history.append({"step": step, "loss": loss.item(), **parts})
+            if stopped:
+                history[-1]["stopped"] = stopped
+                break
+            step += 1
+    finally:
+        bar.close()
+        for n, p in student.named_parameters():
+            p.requires_grad_(was[n])
+        student.eval()
     return history
 
 

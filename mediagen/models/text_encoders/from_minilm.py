@@ -1,7 +1,9 @@
 """Initialise a ``MediagenTextEncoder`` from all-MiniLM-L6-v2: copy what maps, factor what does not.
 
 Copied as is: token embeddings (+ the type-0 embedding as ``type_embedding``), absolute positions,
-every LayerNorm, the FFNs, and for ``sdpa``/``hla`` the q, k, v and output projections. HLA's output
+every LayerNorm, the FFNs, and for ``sdpa``/``hla`` the q, k, v and output projections. The embeddings
+and FFNs (``minilm_frozen_tensors``) are what distillation with ``train_only="attention"`` leaves
+untouched and what a slim checkpoint (``slim.py``) takes from the installed MiniLM instead of storing. HLA's output
 RMSNorm gets the per-channel RMS of MiniLM's attention context, so its output has MiniLM's scale.
 
 MLRA has no full-rank K/V: keys and values come from 4 latent heads of d_c/4. On calibration
@@ -63,6 +65,19 @@ def _bert_layer(sd: dict, i: int) -> dict:
              "o": "attention.output.dense", "ln1": "attention.output.LayerNorm",
              "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ln2": "output.LayerNorm"}
     return {k: (sd[p + v + ".weight"], sd[p + v + ".bias"]) for k, v in names.items()}
+
+
+def minilm_frozen_tensors(sd: dict, num_layers: int) -> dict[str, torch.Tensor]:
+    """The ``MediagenTextEncoder`` parameters that are MiniLM's tensors as they are (embeddings and the
+    first ``num_layers`` FFNs), by parameter name, from MiniLM's state dict ``sd``."""
+    out = {"word_embeddings.weight": sd["embeddings.word_embeddings.weight"],
+           "type_embedding": sd["embeddings.token_type_embeddings.weight"][0],
+           "position_embeddings.weight": sd["embeddings.position_embeddings.weight"]}
+    for i in range(num_layers):
+        w = _bert_layer(sd, i)
+        for name in ("ffn_in", "ffn_out"):
+            out[f"layers.{i}.{name}.weight"], out[f"layers.{i}.{name}.bias"] = w[name]
+    return out
 
 
 def _copy_linear(lin, wb):
@@ -127,19 +142,23 @@ def map_mlra(attn: MLRAttention, w: dict, x: torch.Tensor) -> None:
 
 @torch.no_grad()
 def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config) -> MediagenTextEncoder:
-    """A ``MediagenTextEncoder`` of MiniLM's shape with ``attention`` initialised from MiniLM."""
+    """A ``MediagenTextEncoder`` of MiniLM's shape with ``attention`` initialised from MiniLM.
+    ``num_layers`` (in ``config``) may keep only MiniLM's first layers (small tests)."""
     teacher = load_minilm()
     tokenizer = load_minilm_tokenizer()
     tc = teacher.config
+    num_layers = config.pop("num_layers", tc.num_hidden_layers)
+    if not 1 <= num_layers <= tc.num_hidden_layers:
+        raise ValueError(f"num_layers={num_layers} is not allowed: MiniLM has {tc.num_hidden_layers} layers "
+                         f"(use 1 to {tc.num_hidden_layers})")
     model = MediagenTextEncoder(attention=attention, vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
-                                num_layers=tc.num_hidden_layers, num_heads=tc.num_attention_heads,
+                                num_layers=num_layers, num_heads=tc.num_attention_heads,
                                 intermediate_size=tc.intermediate_size,
                                 max_position_embeddings=tc.max_position_embeddings,
                                 layer_norm_eps=tc.layer_norm_eps, pad_token_id=tc.pad_token_id, **config)
     sd = teacher.state_dict()
-    model.word_embeddings.weight.copy_(sd["embeddings.word_embeddings.weight"])
-    model.type_embedding.copy_(sd["embeddings.token_type_embeddings.weight"][0])
-    model.position_embeddings.weight.copy_(sd["embeddings.position_embeddings.weight"])
+    for name, tensor in minilm_frozen_tensors(sd, num_layers).items():
+        model.get_parameter(name).copy_(tensor)
     model.embed_norm.weight.copy_(sd["embeddings.LayerNorm.weight"])
     model.embed_norm.bias.copy_(sd["embeddings.LayerNorm.bias"])
     inputs = contexts = None
@@ -159,7 +178,6 @@ def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config
                 attn.out_norm.weight.copy_(contexts[i])
         else:
             map_mlra(attn, w, inputs[i])
-        for mod, key in ((layer.attn_norm, "ln1"), (layer.ffn_in, "ffn_in"), (layer.ffn_out, "ffn_out"),
-                         (layer.ffn_norm, "ln2")):
+        for mod, key in ((layer.attn_norm, "ln1"), (layer.ffn_norm, "ln2")):
             _copy_linear(mod, w[key])
     return model.eval()

@@ -91,7 +91,13 @@ class PromptEncoder:
     def __call__(self, prompts, max_length: int | None = None, padding: str = "max_length"):
         return self.encode(prompts, max_length, padding)
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Model (safetensors) and tokenizer side by side, loadable by ``load_text_encoder(directory)``."""
+    def save_pretrained(self, directory: str | Path, slim: bool = False, dtype: torch.dtype = torch.float16):
+        """Model (safetensors) and tokenizer side by side, loadable by ``load_text_encoder(directory)``.
+        ``slim=True`` (a MediagenTextEncoder initialised from MiniLM): only the tensors that differ from
+        the installed MiniLM, in ``dtype``, and no tokenizer (``slim.py``); returns ``save_slim``'s summary."""
+        if slim:
+            from .slim import save_slim
+            return save_slim(self.model, directory, dtype)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        return None
