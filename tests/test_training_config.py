@@ -34,6 +34,12 @@ def test_wrong_type_and_bad_choice(tmp_path):
         load_config(None, ["output_dir=x", "model.preset=dit-tiny", "objective.kind=score"])
     with pytest.raises(ConfigError, match="output_dir"):
         load_config(None, ["model.preset=dit-tiny"])
+    # a bare `no` is YAML's false: as a dotlist (benchmarks/training_two_gpu.sh) and in a file
+    assert load_config(None, ["output_dir=x", "model.preset=dit-tiny", "train.mixed_precision=no"]).train.mixed_precision == "no"
+    p = write(tmp_path, "output_dir: x\nmodel:\n  preset: dit-tiny\ntrain:\n  mixed_precision: no\n")
+    assert load_config(p).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match=r"train\.mixed_precision='fp8'"):
+        load_config(None, ["output_dir=x", "model.preset=dit-tiny", "train.mixed_precision=fp8"])
 
 
 def test_missing_data_folder_and_inconsistent_settings(tmp_path):

@@ -213,6 +213,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         OmegaConf.to_container(schema, throw_on_missing=True)
     except OmegaConfBaseException as err:
         raise _explain(err, str(path) if path else "config") from None
+    if schema.train.mixed_precision == "False":
+        # YAML 1.1 reads a bare `no` (as in `mixed_precision: no` or the dotlist
+        # `train.mixed_precision=no`) as the boolean false; it can only mean "no"
+        schema.train.mixed_precision = "no"
     check_config(schema)
     return schema
 
