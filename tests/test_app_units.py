@@ -110,7 +110,7 @@ def test_missing_results_file_says_what_to_do(tmp_path):
 
 def test_default_models_pick_up_shipped_checkpoints(tmp_path):
     fresh = models.default_models(tmp_path)
-    assert fresh.image.base == "dit-s-mnist" and fresh.video.base == "wan-mmnist" and not fresh.image.trained
+    assert fresh.image.base == "dit-mnist" and fresh.video.base == "wan-mmnist" and not fresh.image.trained
     assert fresh.text_encoders == {"FlashAttention": "minilm", "MLRA": "minilm-mlra2", "HLA": "minilm-hla"}
     for folder in ("image-mhla", "video-sdpa", "text-hla"):
         (tmp_path / folder).mkdir()

@@ -1,10 +1,11 @@
 """Which models the app serves, and a cache that loads each one once.
 
-``default_models()`` is the one place that decides what the app runs. Until trained checkpoints
-ship (issue 8) it serves the small presets with seeded random weights: ``dit-s-mnist`` for
-class-conditional digits, ``wan-mmnist`` for text-to-video (and text-to-image as one frame), and
-MiniLM text encoders: the real all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and
-MLRA / HLA encoders initialised from it. Shipped checkpoints are picked up from a folder
+``default_models()`` is the one place that decides what the app runs: the shipped checkpoints
+(docs/RESULTS.md) where present, else the small presets with seeded random weights: ``dit-mnist``
+for class-conditional digits (shipped trained with sdpa, mhla and linear attention), ``wan-mmnist``
+for text-to-video and text-to-image as one frame (no trained video model ships yet: random
+weights), and MiniLM text encoders: the real all-MiniLM-L6-v2 through SDPA (the FlashAttention
+path) and the MLRA / HLA encoders distilled from it (shipped; initialised from it otherwise). Shipped checkpoints are picked up from a folder
 (``MEDIAGEN_CHECKPOINTS``, default ``mediagen/checkpoints``) laid out as
 
     image-<attention>/    a class-conditional pipeline or transformer trained with that attention
@@ -17,18 +18,18 @@ An attention without its own checkpoint is converted from the ``sdpa`` one (or t
 from __future__ import annotations
 
 import copy
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..pipelines.shipping import checkpoints_dir
+
 # app label -> mediagen.convert name
 ATTENTIONS = {"sdpa": "sdpa", "mhla": "mhla", "linear": "linear", "hybrid": "wan-mhla-h"}
 TEXT_ENCODERS = ("FlashAttention", "MLRA", "HLA")
 FAMILIES = ("image", "video")  # image: class-conditional DiT; video: Wan-style text-to-video
-CHECKPOINTS_ENV = "MEDIAGEN_CHECKPOINTS"
 
 
 @dataclass
@@ -54,10 +55,6 @@ class ModelSet:
         return self.image if family == "image" else self.video
 
 
-def checkpoints_dir() -> Path:
-    return Path(os.environ.get(CHECKPOINTS_ENV) or Path(__file__).resolve().parents[1] / "checkpoints")
-
-
 def _trained(root: Path, family: str) -> dict[str, str]:
     found = {}
     for label in ATTENTIONS:
@@ -78,7 +75,7 @@ def default_models(root: str | Path | None = None) -> ModelSet:
         if (root / f"text-{short}" / "config.json").is_file():
             encoders[label] = str(root / f"text-{short}")
     return ModelSet(
-        image=ModelSource("dit-s-mnist", _trained(root, "image")),
+        image=ModelSource("dit-mnist", _trained(root, "image")),
         video=ModelSource("wan-mmnist", _trained(root, "video"),
                           size={k: video[k] for k in ("frames", "height", "width")}),
         text_encoders=encoders)

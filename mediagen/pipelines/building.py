@@ -19,7 +19,7 @@ from ..models.loading import load_transformer
 from ..models.presets import PRESETS, build_transformer
 from .class_image import ClassConditionalImagePipeline
 from .schedulers import make_scheduler
-from .shipping import referenced_text_encoder
+from .shipping import checkpoints_dir, referenced_text_encoder, shipped_checkpoint
 from .text_image import TextToImagePipeline
 from .text_video import TextToVideoPipeline
 from .vae_utils import vae_factors
@@ -50,6 +50,8 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
                    dtype=torch.float32):
     """Pipeline from a preset name (random init, seeded) or a folder; ``attention`` converts it."""
     path = Path(model)
+    if model not in PRESETS and not path.exists() and shipped_checkpoint(model) is not None:
+        path = shipped_checkpoint(model)                  # a shipped default, e.g. "image-mhla"
     if model in PRESETS:
         torch.manual_seed(seed)
         transformer = build_transformer(model)
@@ -64,8 +66,8 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
     elif (path / "config.json").is_file():
         pipe = pipeline_around(load_transformer(path), make_scheduler(scheduler or "flow-euler", shift), task)
     else:
-        raise ValueError(f"model={model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a folder with "
-                         f"model_index.json or config.json")
+        raise ValueError(f"model={model!r} is neither a preset ({', '.join(sorted(PRESETS))}), a shipped checkpoint "
+                         f"(a folder name in {checkpoints_dir()}) nor a folder with model_index.json or config.json")
     if task == "text-to-image" and isinstance(pipe, TextToVideoPipeline) and not isinstance(pipe, TextToImagePipeline):
         pipe = TextToImagePipeline(**pipe.components)
     if attention is not None:

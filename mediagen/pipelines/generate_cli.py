@@ -1,6 +1,6 @@
 """``mediagen generate``: one image or video from a preset (random weights) or a saved folder.
 
-    mediagen generate --model dit-s-mnist --class-label 3 --steps 20 --out digit.png
+    mediagen generate --class-label 3 --steps 20 --out digit.png      (the shipped MNIST MHLA model)
     mediagen generate --model wan-mmnist --prompt "digit 7 moving left" --attention mhla --out clip.mp4
     mediagen generate --model ckpt/ --task text-to-image --prompt "a seven" --out seven.png
 
@@ -28,7 +28,9 @@ def _ints(text: str) -> list[int]:
 
 def register(sub):
     p = sub.add_parser("generate", help="generate an image or a video (PNG / MP4 / GIF) and print its path")
-    p.add_argument("--model", default="dit-s-mnist", help="a preset name (random weights) or a saved folder")
+    p.add_argument("--model", default=None,
+                   help="a shipped checkpoint (image-mhla, image-sdpa, image-linear), a preset name (random "
+                        "weights) or a saved folder (default: image-mhla when shipped, else the dit-mnist preset)")
     p.add_argument("--task", choices=TASKS, default=None, help="default: what the model is for")
     p.add_argument("--prompt", default=None, help="text prompt (text-to-image / text-to-video)")
     p.add_argument("--negative-prompt", default=None)
@@ -74,6 +76,9 @@ def run(args) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if args.model is None:
+        from .shipping import shipped_checkpoint
+        args.model = "image-mhla" if shipped_checkpoint("image-mhla") is not None else "dit-mnist"
     pipe = build_pipeline(args.model, task=args.task, scheduler=args.scheduler, shift=args.shift, seed=args.seed,
                           device=device, dtype=dtype)
     task = args.task or task_of(pipe.transformer)

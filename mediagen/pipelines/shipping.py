@@ -10,12 +10,28 @@ PyPI). ``build_pipeline`` reads the reference back, so the shipped folder loads 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
 
 TEXT_ENCODER_REF = "text_encoder_ref.json"
+CHECKPOINTS_ENV = "MEDIAGEN_CHECKPOINTS"
+
+
+def checkpoints_dir() -> Path:
+    """Where the shipped checkpoints live: $MEDIAGEN_CHECKPOINTS, else mediagen/checkpoints. Laid out as
+    image-<attention>/, video-<attention>/ (pipeline folders) and text-mlra/, text-hla/ (encoders)."""
+    return Path(os.environ.get(CHECKPOINTS_ENV) or Path(__file__).resolve().parents[1] / "checkpoints")
+
+
+def shipped_checkpoint(name: str) -> Path | None:
+    """The shipped folder called ``name`` (e.g. "image-mhla") when it holds a model, else None."""
+    if not name or "/" in name or name.startswith("."):
+        return None
+    folder = checkpoints_dir() / name
+    return folder if (folder / "model_index.json").is_file() or (folder / "config.json").is_file() else None
 
 
 def referenced_text_encoder(folder: str | Path) -> dict:

@@ -1,0 +1,50 @@
+"""The checkpoints shipped in mediagen/checkpoints (trained on the H200, docs/RESULTS.md) are real:
+their digits are recognised by the independent digit classifier, the distilled text encoders stay
+close to MiniLM, and everything together fits the 60 MB budget."""
+
+import numpy as np
+import pytest
+import torch
+
+from mediagen.eval.digit_classifier import classify_digits
+from mediagen.models.text_encoders import load_minilm, load_text_encoder, make_prompts, sentence_similarity
+from mediagen.pipelines import build_pipeline
+from mediagen.pipelines.shipping import checkpoints_dir, shipped_checkpoint
+
+IMAGE_MODELS = ("image-sdpa", "image-mhla", "image-linear")
+
+
+def test_shipped_checkpoints_fit_the_budget():
+    files = [p for p in checkpoints_dir().rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 60 * 2**20
+    assert all(p.suffix in (".json", ".safetensors") for p in files)        # no pickles
+
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+def test_shipped_digit_models_draw_the_digits_asked_for(name):
+    assert shipped_checkpoint(name) is not None
+    pipe = build_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    labels = list(range(10))
+    images = pipe(class_labels=labels, num_inference_steps=10, guidance_scale=2.0, output_type="np",
+                  generator=torch.Generator().manual_seed(0)).images
+    pixels = (np.clip(images[..., 0], 0, 1) * 255).astype(np.uint8)
+    accuracy = (classify_digits(pixels).numpy() == np.array(labels)).mean()
+    assert accuracy >= 0.8, (name, accuracy)
+    # and a random-weight model of the same preset does not (the test can fail)
+    if name == "image-sdpa":
+        torch.manual_seed(0)
+        noise = build_pipeline("dit-mnist")
+        noise.set_progress_bar_config(disable=True)
+        rnd = noise(class_labels=labels, num_inference_steps=4, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).images
+        rnd_pixels = (np.clip(rnd[..., 0], 0, 1) * 255).astype(np.uint8)
+        assert (classify_digits(rnd_pixels).numpy() == np.array(labels)).mean() <= 0.5
+
+
+@pytest.mark.parametrize("name", ["text-mlra", "text-hla"])
+def test_shipped_text_encoders_stay_close_to_minilm(name):
+    encoder = load_text_encoder(str(checkpoints_dir() / name))
+    prompts = make_prompts(64, "heldout") + ["the digit 3 moves left", "the digit 8 moves down"]
+    sim = sentence_similarity(encoder.model, load_minilm(), encoder.tokenizer, prompts)
+    assert sim >= 0.9, (name, sim)
