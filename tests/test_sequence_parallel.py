@@ -106,6 +106,30 @@ def test_wan_transformer_sequence_parallel_matches_single_process_with_gradients
     mp.spawn(_wan_worker, args=(2, _free_port()), nprocs=2)
 
 
+def _pipeline_worker(rank, world, port):
+    from mediagen import convert
+    from mediagen.pipelines import build_pipeline
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        pipe = build_pipeline("wan-tiny", seed=0)
+        convert(pipe, "mhla", blocks=(2, 2, 2))
+        pipe.set_progress_bar_config(disable=True)
+        kw = dict(prompt=["the digit 3 moves left"], height=8, width=8, num_frames=4, num_inference_steps=3,
+                  output_type="np")
+        want = pipe(generator=torch.Generator().manual_seed(1), **kw).frames
+        pipe.enable_sequence_parallel()
+        got = pipe(generator=torch.Generator().manual_seed(1), **kw).frames
+        assert got.shape == want.shape and abs(got - want).max() < 1e-4
+    finally:
+        dist.destroy_process_group()
+
+
+def test_text_to_video_pipeline_sequence_parallel_gives_the_same_video():
+    mp.spawn(_pipeline_worker, args=(2, _free_port()), nprocs=2)
+
+
 def test_sequence_parallel_refuses_softmax_layers():
     from mediagen import convert
     from mediagen.models.presets import build_transformer

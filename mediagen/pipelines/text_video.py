@@ -32,6 +32,15 @@ class TextToVideoPipeline(DiffusionPipeline):
                               tokenizer=tokenizer)
         self.video_processor = VideoProcessor(vae_scale_factor=vae_factors(vae)[1])
 
+    def enable_sequence_parallel(self, group=None):
+        """Share each video's tokens over the processes of ``group`` (torch.distributed, all of them
+        by default): every process calls the pipeline with the same arguments and seed and gets the
+        whole video; self-attention exchanges only MHLA block summaries. Needs MHLA in every layer
+        (``mediagen.models.sequence_parallel``); returns the hook handles."""
+        from ..models.sequence_parallel import enable_sequence_parallel
+
+        return enable_sequence_parallel(self.transformer, group)
+
     # --- text ------------------------------------------------------------------------------
     def encode_prompt(self, prompt=None, negative_prompt=None, do_classifier_free_guidance=True,
                       num_videos_per_prompt=1, prompt_embeds=None, negative_prompt_embeds=None,

@@ -108,6 +108,8 @@ class TrainSection:
     distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
     seed: int = 0
     time_limit_minutes: float = 0.0         # > 0: checkpoint and stop after this much wall time (resume later)
+    sequence_parallel: bool = False         # text-to-video, all-MHLA: the launched processes share each sample's
+                                            # tokens (blocks of the grid) instead of splitting the batch
 
 
 @dataclass
@@ -184,6 +186,11 @@ def check_config(cfg) -> None:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}")
     if cfg.train.batch_size < 1 or cfg.train.max_steps < 1:
         raise ConfigError("train.batch_size and train.max_steps must be >= 1")
+    if cfg.train.sequence_parallel and cfg.task != "text-to-video":
+        raise ConfigError(f"train.sequence_parallel=true needs task='text-to-video' (a Wan-style transformer with "
+                          f"MHLA in every layer); task is {cfg.task!r}")
+    if cfg.train.sequence_parallel and cfg.train.distributed == "fsdp":
+        raise ConfigError("train.sequence_parallel=true cannot be combined with train.distributed='fsdp'")
     if cfg.train.time_limit_minutes < 0:
         raise ConfigError(f"train.time_limit_minutes={cfg.train.time_limit_minutes} must be >= 0 (0: no limit)")
     if cfg.finetune.mode in ("full", "lora", "convert") and cfg.model.pretrained is None:

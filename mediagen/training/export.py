@@ -38,11 +38,13 @@ def merged_copy(model, is_lora: bool):
 
 
 @torch.no_grad()
-def write_samples(run, step: int, folder: Path, writer=None) -> list[Path]:
-    """Sample with the current (EMA if any) weights; PNGs for images, GIFs for videos."""
+def write_samples(run, step: int, folder: Path | None, writer=None) -> list[Path]:
+    """Sample with the current (EMA if any) weights; PNGs for images, GIFs for videos. ``folder``
+    None samples without writing (the other processes of a sequence-parallel run)."""
     cfg, comp = run.cfg, run.components
     model = run.unwrapped
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     ctx = run.ema.applied(model) if run.ema is not None else nullcontext()
     paths = []
@@ -55,7 +57,7 @@ def write_samples(run, step: int, folder: Path, writer=None) -> list[Path]:
         if comp.task == "class-to-image":
             images = pipe(class_labels=list(lg.sample_classes), num_inference_steps=lg.sample_steps,
                           guidance_scale=lg.guidance_scale, generator=g, output_type="np").images
-            for label, im in zip(lg.sample_classes, images):
+            for label, im in zip(lg.sample_classes if folder is not None else [], images):
                 paths.append(save_image(im, folder / f"class{label}.png"))
             grid = images
         else:
@@ -65,12 +67,13 @@ def write_samples(run, step: int, folder: Path, writer=None) -> list[Path]:
                           max_sequence_length=cfg.model.text_max_length)
             if comp.task == "text-to-image":
                 grid = pipe(**common).images
-                for i, im in enumerate(grid):
+                for i, im in enumerate(grid if folder is not None else []):
                     paths.append(save_image(im, folder / f"prompt{i}.png"))
             else:
                 videos = pipe(num_frames=cfg.data.num_frames, **common).frames
                 for i, v in enumerate(videos):
-                    paths.append(save_video(v, folder / f"prompt{i}.gif"))
+                    if folder is not None:
+                        paths.append(save_video(v, folder / f"prompt{i}.gif"))
                 # TensorBoard's add_video needs moviepy: log each clip's frames side by side instead
                 grid = np.stack([np.concatenate(list(v), axis=1) for v in videos])
         if writer is not None:

@@ -5,6 +5,7 @@
             x0 = latents(pixels); x_t, t, target = objective(x0, seed, step, positions)
             loss = mse(model(x_t, t, condition), target) [+ w * mse(model, teacher)]
             backward(loss / accumulation)          (gradients synchronised on the last micro-batch)
+        (sequence parallel: sum the processes' gradient shares)
         clip, AdamW step, LR schedule step, Mc clipping (MHLA), EMA update
         log; sample every N; checkpoint every N (atomic)
         past train.time_limit_minutes: checkpoint and stop (the same command resumes)
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ..attention import register_mix_clipping
+from ..attention.sequence_parallel import sum_gradients
 from . import checkpoint as ckpt
 from .components import Components, build_components
 from .conditioning import Conditioner
@@ -90,7 +92,9 @@ def make_accelerator(cfg):
         # the shipped configs ask for bf16 on a GPU; emulated bf16 on a CPU runs ~20x slower than fp32
         print(f"train.mixed_precision={precision!r} needs a GPU; no GPU here, so training runs in fp32")
         precision = "no"
-    return Accelerator(mixed_precision=precision, fsdp_plugin=plugin)
+    # cpu=True without a GPU: accelerate then joins processes launched by torchrun / accelerate launch
+    # with the gloo backend (without it, each CPU process would train alone)
+    return Accelerator(mixed_precision=precision, fsdp_plugin=plugin, cpu=not torch.cuda.is_available())
 
 
 def batch_split(cfg, world: int) -> tuple[int, int]:
@@ -244,7 +248,11 @@ def train(cfg, on_step_end=None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
     set_seed(cfg.train.seed)
-    micro, accumulation = batch_split(cfg, acc.num_processes)
+    # sequence parallel: every process works on the same samples (its slab of their tokens), so the
+    # data, the noise and the micro-batch split are those of a single process
+    sp = cfg.train.sequence_parallel and acc.num_processes > 1
+    data_world, data_rank = (1, 0) if sp else (acc.num_processes, acc.process_index)
+    micro, accumulation = batch_split(cfg, data_world)
     comp = build_components(cfg)
     dataset = build_dataset(cfg.data, cfg.task, cfg.train.seed)
     buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
@@ -265,7 +273,14 @@ def train(cfg, on_step_end=None) -> dict:
     register_mix_clipping(optimizer, model)  # keeps MHLA's Mc in [0, 1]; no-op without MHLA layers
     scheduler = make_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     model.train()
-    prepared, optimizer = acc.prepare(model, optimizer)
+    if sp:
+        from ..models.sequence_parallel import enable_sequence_parallel
+
+        enable_sequence_parallel(model)  # checks: all-MHLA, blocks[0] divisible by the process count
+        model.to(device)
+        prepared, optimizer = model, acc.prepare(optimizer)  # no DDP: gradients are summed shares
+    else:
+        prepared, optimizer = acc.prepare(model, optimizer)
     unwrapped = acc.unwrap_model(prepared)
     ema = EMA(unwrapped, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
     tag = f"{cfg.model.text_encoder}-{cfg.model.vae or 'pixels'}-{cfg.train.seed}-{cfg.model.text_max_length}"
@@ -278,7 +293,7 @@ def train(cfg, on_step_end=None) -> dict:
         with acc.main_process_first():
             conditioner.precompute_text(dataset.all_captions(), device)
 
-    sampler = MicroBatchSampler(plan, start, cfg.train.max_steps, acc.process_index, acc.num_processes, accumulation)
+    sampler = MicroBatchSampler(plan, start, cfg.train.max_steps, data_rank, data_world, accumulation)
     loader = DataLoader(Indexed(dataset), batch_sampler=sampler, collate_fn=indexed_collate,
                         num_workers=cfg.data.num_workers, persistent_workers=False)
     batches = iter(loader)
@@ -293,7 +308,7 @@ def train(cfg, on_step_end=None) -> dict:
             distill_total = torch.zeros((), device=device)
             for m in range(accumulation):
                 batch = next(batches)
-                first = (m * acc.num_processes + acc.process_index) * micro
+                first = (m * data_world + data_rank) * micro
                 positions = list(range(first, first + len(batch["index"])))
                 sync = nullcontext() if m == accumulation - 1 else acc.no_sync(prepared)
                 with sync:
@@ -302,6 +317,8 @@ def train(cfg, on_step_end=None) -> dict:
                 total += mse / accumulation
                 if distill is not None:
                     distill_total += distill.detach() / accumulation
+            if sp:  # each process holds its tokens' share of every parameter's gradient
+                sum_gradients(prepared)
             grad_norm = torch.zeros(())
             if cfg.optim.max_grad_norm > 0:
                 grad_norm = acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
@@ -318,8 +335,11 @@ def train(cfg, on_step_end=None) -> dict:
             run.losses[step] = step_loss
             logger.step(step, metrics)
             if cfg.logging.sample_every and step % cfg.logging.sample_every == 0:
-                if acc.is_main_process and cfg.train.distributed != "fsdp":
-                    write_samples(run, step, out / "samples" / f"step-{step:07d}", logger.writer)
+                folder = out / "samples" / f"step-{step:07d}"
+                if sp:  # the sharded model samples on every process together; the main one writes
+                    write_samples(run, step, folder if acc.is_main_process else None, logger.writer)
+                elif acc.is_main_process and cfg.train.distributed != "fsdp":
+                    write_samples(run, step, folder, logger.writer)
                 acc.wait_for_everyone()
             saved = step % cfg.checkpoint.every == 0 or step == cfg.train.max_steps
             if saved:
