@@ -1,5 +1,6 @@
-"""train.sequence_parallel: two CPU processes (torchrun, gloo) that share every sample's tokens train
-the same model as one process: same losses, same weights (up to float summation order)."""
+"""Two CPU processes (torchrun, gloo) train like one at equal global batch: data parallel (DDP through
+accelerate, each process half of every batch) and train.sequence_parallel (each process its slab of
+every sample's tokens): same losses, same weights, up to float summation order."""
 
 import os
 import socket
@@ -25,9 +26,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _train(out, processes: int, *extra):
+def _train(out, processes: int, *extra, args=ARGS):
     from mediagen.training.config import save_config
-    config = save_config(load_config(None, [f"output_dir={out}", *ARGS]), out.parent / f"{out.name}.yaml")
+    config = save_config(load_config(None, [f"output_dir={out}", *args]), out.parent / f"{out.name}.yaml")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
@@ -56,3 +57,23 @@ def test_sequence_parallel_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="needs task='text-to-video'"):
         load_config(None, [f"output_dir={tmp_path}", "task=class-to-image", "model.preset=dit-tiny",
                            "train.sequence_parallel=true"])
+
+
+def test_two_processes_data_parallel_train_like_one(tmp_path):
+    from training_helpers import TINY_DIT
+    args = [*TINY_DIT, "train.max_steps=6", "train.batch_size=8", "train.micro_batch_size=2", "checkpoint.every=6",
+            "optim.warmup_steps=2"]
+    _train(tmp_path / "one", 1, args=args)      # micro-batch 2, 4 accumulation steps
+    _train(tmp_path / "ddp", 2, args=args)      # micro-batch 2 on each process, 2 accumulation steps
+    one, ddp = read_losses(tmp_path / "one"), read_losses(tmp_path / "ddp")
+    assert sorted(one) == sorted(ddp) == list(range(1, 7))
+    assert len(set(one.values())) == 6
+    for step in one:
+        assert ddp[step] == pytest.approx(one[step], rel=1e-5), (step, one, ddp)
+    a = load_file(str(list_checkpoints(tmp_path / "one")[-1][1] / "model.safetensors"))
+    b = load_file(str(list_checkpoints(tmp_path / "ddp")[-1][1] / "model.safetensors"))
+    # all weights together (a key bias gets only rounding noise as gradient: softmax ignores it)
+    flat_a = torch.cat([w.flatten() for w in a.values()])
+    flat_b = torch.cat([b[name].flatten() for name in a])
+    assert ((flat_b - flat_a).norm() / flat_a.norm()).item() < 1e-5
+    assert (flat_b - flat_a).abs().max().item() < 1e-4

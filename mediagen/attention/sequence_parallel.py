@@ -22,6 +22,7 @@ The local pieces run on the Triton kernels (CUDA, or the Triton interpreter in t
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,6 +47,14 @@ def shard_layout(grid, blocks, rank: int, world: int):
     first_token = int(order[start:end].min())
     local_offsets = (offsets[lo_block:hi_block + 1] - start).to(torch.int32)
     return first_token, first_token + (end - start), local_order, local_offsets
+
+
+@functools.lru_cache(maxsize=64)
+def _device_layout(grid: tuple, blocks: tuple, rank: int, world: int, device: torch.device):
+    """shard_layout with order/offsets already on ``device``, computed and copied once per layout:
+    a host-to-device copy per layer call would make the host wait for the GPU every layer."""
+    first, end, order, offsets = shard_layout(grid, blocks, rank, world)
+    return first, end, order.to(device), offsets.to(device)
 
 
 def shard_tokens(x: torch.Tensor, grid, blocks, rank: int, world: int) -> torch.Tensor:
@@ -123,7 +132,7 @@ def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=
     global ones; mix (M, M) or (H, M, M) is replicated. Returns this rank's output slab.
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    first, end, order, offsets = shard_layout(grid, blocks, rank, world)
+    first, end, order, offsets = _device_layout(tuple(grid), tuple(blocks), rank, world, q.device)
     if q.shape[1] != end - first:
         raise ValueError(f"q holds {q.shape[1]} tokens but rank {rank} of {world} owns {end - first} tokens of "
                          f"grid={tuple(grid)} with blocks={tuple(blocks)} (cut with shard_tokens)")
@@ -134,7 +143,7 @@ def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have one shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     fcode = {None: 0, "relu": 1, "elu1": 2}[feature_map]
-    return _SequenceParallelMHLA.apply(q, k, v, mix, order.to(q.device), offsets.to(q.device), group, normalize,
+    return _SequenceParallelMHLA.apply(q, k, v, mix, order, offsets, group, normalize,
                                        float(eps), fcode, 1.0 if scale is None else float(scale))
 
 

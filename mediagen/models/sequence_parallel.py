@@ -19,6 +19,7 @@ convolution across slab borders) or RoPE on features.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -41,7 +42,7 @@ class SequenceParallelState:
     def set_grid(self, grid):
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.grid = tuple(grid)
-        self.span = shard_layout(self.grid, self.blocks, rank, world)[:2]
+        self.span = _spans(self.grid, self.blocks, world)[rank]
 
     def attend(self, core, q, k, v):
         return sequence_parallel_mhla(q, k, v, core.mix, self.grid, core.blocks, group=self.group,
@@ -86,6 +87,12 @@ def _check(transformer, world):
     return procs, blocks.pop()
 
 
+@functools.lru_cache(maxsize=64)
+def _spans(grid: tuple, blocks: tuple, world: int) -> tuple[tuple[int, int], ...]:
+    """(first, end) token of every rank's slab, computed once per layout."""
+    return tuple(shard_layout(grid, blocks, r, world)[:2] for r in range(world))
+
+
 def enable_sequence_parallel(transformer, group=None):
     """Shard a converted Wan transformer's tokens over ``group``; returns the hook handles."""
     world = dist.get_world_size(group)
@@ -112,9 +119,7 @@ def enable_sequence_parallel(transformer, group=None):
         return (local(hidden, 1), text, temb, rotary), kwargs
 
     def gather(module, args, kwargs, out):
-        world = dist.get_world_size(group)
-        spans = [shard_layout(state.grid, blocks, r, world)[:2] for r in range(world)]
-        return _GatherSlabs.apply(out, spans, group)
+        return _GatherSlabs.apply(out, _spans(state.grid, blocks, dist.get_world_size(group)), group)
 
     handles = [transformer.register_forward_pre_hook(record, with_kwargs=True)]
     handles += [blk.register_forward_pre_hook(cut, with_kwargs=True) for blk in transformer.blocks]
