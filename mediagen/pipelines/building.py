@@ -50,8 +50,8 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
                    dtype=torch.float32):
     """Pipeline from a preset name (random init, seeded) or a folder; ``attention`` converts it."""
     path = Path(model)
-    if model not in PRESETS and not path.exists() and shipped_checkpoint(model) is not None:
-        path = shipped_checkpoint(model)                  # a shipped default, e.g. "image-mhla"
+    if model not in PRESETS and not path.exists():
+        path = shipped_checkpoint(model) or path          # a shipped default, e.g. "image-mhla"
     if model in PRESETS:
         torch.manual_seed(seed)
         transformer = build_transformer(model)

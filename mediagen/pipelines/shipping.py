@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,6 +33,20 @@ def shipped_checkpoint(name: str) -> Path | None:
         return None
     folder = checkpoints_dir() / name
     return folder if (folder / "model_index.json").is_file() or (folder / "config.json").is_file() else None
+
+
+@contextmanager
+def folder_written_atomically(dest: str | Path):
+    """Yields a hidden sibling folder to fill; once filled it replaces ``dest``, so a kill midway
+    never leaves half a folder under the final name."""
+    dest = Path(dest)
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    yield tmp
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
 
 
 def referenced_text_encoder(folder: str | Path) -> dict:
@@ -59,18 +74,13 @@ def save_shipped_pipeline(source: str | Path, dest: str | Path, text_encoder: st
     source, dest = Path(source), Path(dest)
     if not (source / "model_index.json").is_file():
         raise ValueError(f"source={str(source)!r} is not a pipeline folder (no model_index.json)")
-    tmp = dest.with_name(f".tmp-{dest.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     skip = {"text_encoder", "tokenizer"} if text_encoder else set()
-    shutil.copytree(source, tmp, ignore=lambda d, names: [n for n in names if Path(d) == source and n in skip])
-    for weights in (tmp / "transformer").glob("*.safetensors"):
-        tensors = load_file(str(weights))
-        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}, str(weights),
-                  metadata={"format": "pt"})
-    if text_encoder:
-        (tmp / TEXT_ENCODER_REF).write_text(json.dumps({"name": text_encoder}) + "\n")
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+    with folder_written_atomically(dest) as tmp:
+        shutil.copytree(source, tmp, ignore=lambda d, names: [n for n in names if Path(d) == source and n in skip])
+        for weights in (tmp / "transformer").glob("*.safetensors"):
+            tensors = load_file(str(weights))
+            save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}, str(weights),
+                      metadata={"format": "pt"})
+        if text_encoder:
+            (tmp / TEXT_ENCODER_REF).write_text(json.dumps({"name": text_encoder}) + "\n")
     return dest

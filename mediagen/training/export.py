@@ -13,6 +13,7 @@ import torch
 from ..pipelines.class_image import ClassConditionalImagePipeline
 from ..pipelines.export import save_image, save_video
 from ..pipelines.schedulers import make_scheduler
+from ..pipelines.shipping import folder_written_atomically
 from ..pipelines.text_image import TextToImagePipeline
 from ..pipelines.text_video import TextToVideoPipeline
 from .lora import fuse_lora_, save_lora
@@ -84,15 +85,8 @@ def write_samples(run, step: int, folder: Path | None, writer=None) -> list[Path
 
 def save_pipeline_atomically(pipe, folder: Path) -> Path:
     """save_pretrained into a hidden sibling folder, then swap it in: a kill never leaves half a folder."""
-    import shutil
-
-    tmp = folder.with_name(f".tmp-{folder.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    pipe.save_pretrained(str(tmp), safe_serialization=True)
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    with folder_written_atomically(folder) as tmp:
+        pipe.save_pretrained(str(tmp), safe_serialization=True)
     return folder
 
 
