@@ -38,3 +38,21 @@ def test_encoder_of_the_wrong_width_is_refused(tmp_path):
     with pytest.raises(ValueError, match="384-d states; the transformer takes 32"):
         sample_videos(tmp_path / "p", ["x"], progress=False, text_encoder="minilm", height=8, width=8,
                       num_frames=3, num_inference_steps=1)
+
+
+def test_vbench_cli_samples_in_batches_through_another_encoder_and_saves_npy(folder, tmp_path, capsys):
+    from mediagen.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the digit 1 moves up\nthe digit 2 moves left\nthe digit 3 moves down\n")
+    args = ["vbench", "--checkpoint", str(folder), "--prompts", str(prompts), "--steps", "2", "--height", "8",
+            "--width", "8", "--num-frames", "3", "--subject-features", "pixels", "--background-features", "pixels",
+            "--device", "cpu", "--quiet", "--text-encoder", "minilm"]
+    assert main([*args, "--batch-size", "2", "--save-format", "npy", "--save-videos", str(tmp_path / "v"),
+                 "--out", str(tmp_path / "r.json")]) == 0
+    saved = sorted((tmp_path / "v").glob("*.npy"))
+    assert [p.name for p in saved] == ["the digit 1 moves up-0.npy", "the digit 2 moves left-1.npy",
+                                       "the digit 3 moves down-2.npy"]
+    assert np.load(saved[0]).shape == (3, 8, 8, 3)
+    assert main([*args, "--batch-size", "0", "--out", str(tmp_path / "bad.json")]) == 2
+    assert "--batch-size=0 must be >= 1" in capsys.readouterr().err
