@@ -212,3 +212,18 @@ def test_import_mediagen_is_light():
             "assert 'convert' in dir(mediagen) or 'convert' in mediagen._EXPORTS; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_wan_mhla_without_positions_warns():
+    import warnings
+
+    with pytest.warns(UserWarning, match="see no token positions"):
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2])
+    with pytest.warns(UserWarning, match="rope='features'"):
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "wan-mhla-h", blocks=[1, 2, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                      # positioned variants and softmax: no warning
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], rope="features")
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], cpe_kernel=3)
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "sdpa")
+        mediagen.convert(mediagen.models.build_transformer("dit-tiny"), "mhla", blocks=[2, 2])

@@ -51,3 +51,15 @@ def test_generate_bad_input_is_a_readable_error(tmp_path, capsys):
     assert "model='nope'" in capsys.readouterr().err
     assert main(["generate", "--model", "dit-tiny", "--out", str(tmp_path / "a.mp4")]) == 2
     assert "png" in capsys.readouterr().err
+
+
+def test_generate_default_model_follows_the_task(tmp_path, monkeypatch):
+    from mediagen.pipelines.generate_cli import _default_model
+
+    assert _default_model(None) == "image-mhla"                      # the shipped checkpoints
+    assert _default_model("class-to-image") == "image-mhla"
+    assert _default_model("text-to-video") == "video-sdpa"
+    assert _default_model("text-to-image") == "video-sdpa"
+    monkeypatch.setenv("MEDIAGEN_CHECKPOINTS", str(tmp_path))        # none shipped: the presets
+    assert _default_model(None) == "dit-mnist"
+    assert _default_model("text-to-video") == "wan-mmnist"

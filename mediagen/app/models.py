@@ -3,9 +3,10 @@
 ``default_models()`` is the one place that decides what the app runs: the shipped checkpoints
 (docs/RESULTS.md) where present, else the small presets with seeded random weights: ``dit-mnist``
 for class-conditional digits (shipped trained with sdpa, mhla and linear attention), ``wan-mmnist``
-for text-to-video and text-to-image as one frame (no trained video model ships yet: random
-weights), and MiniLM text encoders: the real all-MiniLM-L6-v2 through SDPA (the FlashAttention
-path) and the MLRA / HLA encoders distilled from it (shipped; initialised from it otherwise). Shipped checkpoints are picked up from a folder
+for text-to-video and text-to-image as one frame (shipped trained with sdpa and mhla), and MiniLM
+text encoders: the real all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and the MLRA / HLA
+encoders distilled from it (shipped; initialised from it otherwise). Shipped checkpoints are picked
+up from a folder
 (``MEDIAGEN_CHECKPOINTS``, default ``mediagen/checkpoints``) laid out as
 
     image-<attention>/    a class-conditional pipeline or transformer trained with that attention

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 from ..kernels.mhla.layout import check_grid_blocks
@@ -56,6 +57,13 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
     names = layer_attentions(attention, num_layers, layers)
     if rope == "features" and fam.name != "wan":
         raise ValueError(f"rope='features' is for Wan models (they have RoPE); this is a {fam.name} model: use rope='none'")
+    if fam.name == "wan" and rope == "none" and not cpe_kernel and {"mhla", "linear"} & set(names):
+        # Wan has no absolute position embedding: positions reach it only through RoPE in self-attention.
+        # A Moving-MNIST model trained this way stalled with blocky samples (docs/RESULTS.md).
+        warnings.warn("linear / MHLA layers of a Wan model with rope='none' and cpe_kernel=0 see no token "
+                      "positions (Wan's only position signal is the RoPE of its self-attention); for "
+                      "training or fine-tuning use rope='features' (the official recipe) or cpe_kernel=3",
+                      UserWarning, stacklevel=2)
     if grid is not None:
         grid = tuple(int(g) for g in grid)
         if len(grid) != fam.ndim:

@@ -29,8 +29,9 @@ def _ints(text: str) -> list[int]:
 def register(sub):
     p = sub.add_parser("generate", help="generate an image or a video (PNG / MP4 / GIF) and print its path")
     p.add_argument("--model", default=None,
-                   help="a shipped checkpoint (image-mhla, image-sdpa, image-linear), a preset name (random "
-                        "weights) or a saved folder (default: image-mhla when shipped, else the dit-mnist preset)")
+                   help="a shipped checkpoint (image-mhla, image-sdpa, image-linear, video-mhla, video-sdpa), a "
+                        "preset name (random weights) or a saved folder (default: image-mhla, or video-sdpa for "
+                        "--task text-to-video / text-to-image; the dit-mnist / wan-mmnist preset when not shipped)")
     p.add_argument("--task", choices=TASKS, default=None, help="default: what the model is for")
     p.add_argument("--prompt", default=None, help="text prompt (text-to-image / text-to-video)")
     p.add_argument("--negative-prompt", default=None)
@@ -52,6 +53,21 @@ def register(sub):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
     p.set_defaults(func=run)
+
+
+# the best shipped model of each kind (docs/RESULTS.md): images MHLA; videos softmax, until an MHLA
+# video model trained with positions (rope="features") ships
+DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL = "image-mhla", "video-sdpa"
+
+
+def _default_model(task: str | None) -> str:
+    """The shipped default for the task (text tasks: the video model, one frame for an image),
+    else its preset with random weights."""
+    from .shipping import shipped_checkpoint
+
+    shipped, preset = (DEFAULT_VIDEO_MODEL, "wan-mmnist") if task in ("text-to-video", "text-to-image") else \
+        (DEFAULT_IMAGE_MODEL, "dit-mnist")
+    return shipped if shipped_checkpoint(shipped) is not None else preset
 
 
 def _sizes(args, pipe, model_preset):
@@ -77,8 +93,7 @@ def run(args) -> int:
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if args.model is None:
-        from .shipping import shipped_checkpoint
-        args.model = "image-mhla" if shipped_checkpoint("image-mhla") is not None else "dit-mnist"
+        args.model = _default_model(args.task)
     pipe = build_pipeline(args.model, task=args.task, scheduler=args.scheduler, shift=args.shift, seed=args.seed,
                           device=device, dtype=dtype)
     task = args.task or task_of(pipe.transformer)
