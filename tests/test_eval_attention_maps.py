@@ -122,3 +122,21 @@ def test_attention_stats_command(tmp_path):
     layers = json.loads(out.read_text())["layers"]
     assert len(layers) == 2 and all(s["kind"] == "LinearAttention" for s in layers.values())
     assert all(s["rank_mean"] <= 16 for s in layers.values())  # head dim 16 bounds linear attention's rank
+
+
+def test_attention_stats_video_clip_size(tmp_path):
+    import json
+
+    from mediagen.cli import main
+    from mediagen.eval.attention_stats_cli import real_input
+    from mediagen.models import build_transformer
+
+    model = build_transformer("wan-tiny")
+    x = real_input(model, frames=5, side=16)["hidden_states"]
+    assert x.shape == (1, 1, 5, 16, 16)
+    out = tmp_path / "stats.json"
+    # wan-tiny patches (1, 2, 2): 5 x 8 x 8 = 320 tokens per layer
+    assert main(["attention-stats", "--checkpoint", "wan-tiny", "--frames", "5", "--size", "16", "--out", str(out)]) == 0
+    assert all(s["tokens"] == 320 for s in json.loads(out.read_text())["layers"].values())
+    with pytest.raises(ValueError, match="--size 8"):
+        real_input(model, frames=5, side=8)

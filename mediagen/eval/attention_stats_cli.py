@@ -23,6 +23,9 @@ def register(sub):
     p.add_argument("--rtol", type=float, default=1e-6,
                    help="singular values below rtol x the largest do not count towards the rank")
     p.add_argument("--max-tokens", type=int, default=4096, help="skip layers with more tokens (N x N matrices)")
+    p.add_argument("--frames", type=int, default=8, help="video models: frames of the input clip")
+    p.add_argument("--size", type=int, default=32,
+                   help="video models: height = width of the input clip in pixels (a multiple of the patch, >= 16)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=os.path.join("outputs", "attention_stats.json"))
     p.set_defaults(func=run)
@@ -34,8 +37,9 @@ def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
     return np.array(Image.fromarray(img).resize((w, h), Image.BILINEAR))
 
 
-def real_input(transformer, seed: int = 0) -> dict:
-    """Keyword inputs of one transformer forward built from a real held-out MNIST digit."""
+def real_input(transformer, seed: int = 0, frames: int = 8, side: int = 32) -> dict:
+    """Keyword inputs of one transformer forward built from a real held-out MNIST digit; video
+    models get ``frames`` frames of ``side`` x ``side`` with the digit (side/2 wide) moving right."""
     from ..data import load_mnist10k
 
     images, labels = load_mnist10k("held_out")
@@ -43,11 +47,15 @@ def real_input(transformer, seed: int = 0) -> dict:
     channels = cfg.in_channels
     gen = torch.Generator().manual_seed(seed)
     if hasattr(cfg, "text_dim"):  # Wan-style video: (1, C, F, H, W), a digit moving right
-        frames, side = 8, 32
+        if frames < 1 or side < 16:
+            raise ValueError(f"--frames {frames} --size {side} is not allowed: use frames >= 1 and size >= 16")
         canvas = np.zeros((frames, side, side), np.uint8)
-        digit = _resize(images[0], 16, 16)
+        d = side // 2
+        digit = _resize(images[0], d, d)
+        step = min(2.0, (side - d) / max(frames - 1, 1))  # 2 px per frame, staying inside the frame
         for t in range(frames):
-            canvas[t, 8:24, 2 * t:2 * t + 16] = digit
+            x0 = int(round(t * step))
+            canvas[t, side // 4:side // 4 + d, x0:x0 + d] = digit
         x = torch.from_numpy(canvas).float()[None, None].expand(1, channels, -1, -1, -1)
         extra = {"encoder_hidden_states": torch.zeros(1, 16, cfg.text_dim)}
     else:  # DiT: (1, C, S, S)
@@ -65,7 +73,7 @@ def run(args) -> int:
 
     pipe = load_pipeline(args.checkpoint, "cpu")
     model = pipe.transformer.eval()
-    inputs = real_input(model, args.seed)
+    inputs = real_input(model, args.seed, args.frames, args.size)
     if args.attention:
         from ..models.convert import convert
 
