@@ -227,3 +227,22 @@ def test_wan_mhla_without_positions_warns():
         mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], cpe_kernel=3)
         mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "sdpa")
         mediagen.convert(mediagen.models.build_transformer("dit-tiny"), "mhla", blocks=[2, 2])
+
+
+def test_wan_mhla_without_rope_cannot_tell_positions_apart():
+    """Wan has no position embedding: on a constant clip, tokens of one MHLA block get the same
+    output unless RoPE reaches the features (the reason rope='features' is the recipe)."""
+    import warnings
+
+    inputs = dict(wan_inputs(batch=1), hidden_states=torch.zeros(1, 1, 3, 8, 12))
+
+    def output(rope):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], rope=rope)
+        return run(model, inputs)[0, 0]                       # (F, H, W); patch 2x2, grid 3x4x6
+
+    # tokens (0, 0, 0) and (0, 0, 1) share block 0: their pixels are [0:2, 0:2] and [0:2, 2:4]
+    blind, rotated = output("none"), output("features")
+    torch.testing.assert_close(blind[0, 0:2, 0:2], blind[0, 0:2, 2:4], rtol=1e-6, atol=1e-6)
+    assert (rotated[0, 0:2, 0:2] - rotated[0, 0:2, 2:4]).abs().max() > 1e-3
