@@ -1,6 +1,9 @@
 """Wan2.1-1.3B forward with sdpa vs mhla vs hybrid (Wan-MHLA-H) vs no self-attention, eager and
 torch.compile, plus one self-attention layer (projections, norms, RoPE) at 31,500 tokens.
 
+The "-rope" variants convert with rope="features" (RoPE on the MHLA features, the official recipe):
+the plain MHLA layers see no token positions at all, since Wan's only position signal is that RoPE.
+
 Uses diffusers' stock ``WanTransformer3DModel`` (random weights) converted by ``mediagen.convert``.
 Prints markdown tables (append them to benchmarks/RESULTS.md).
 
@@ -15,6 +18,7 @@ import argparse
 import importlib.util
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,7 +33,7 @@ from mediagen.models.latent_grid import LatentGrids  # noqa: E402
 from mediagen.models.presets import build_transformer, preset  # noqa: E402
 from mediagen.models.processors import WanMHLAProcessor  # noqa: E402
 
-VARIANTS = ("sdpa", "sdpa-flash", "mhla", "hybrid", "no-self-attn")
+VARIANTS = ("sdpa", "sdpa-flash", "mhla", "mhla-rope", "hybrid", "hybrid-rope", "no-self-attn")
 
 
 class NoSelfAttention:
@@ -52,8 +56,11 @@ def set_variant(model, variant: str, grid, blocks):
         for block in model.blocks:
             block.attn1.set_processor(NoSelfAttention())
         return
-    attention = {"sdpa": "sdpa", "mhla": "mhla", "hybrid": "wan-mhla-h"}[variant]
-    mediagen.convert(model, attention, blocks=blocks, grid=grid)
+    attention = {"sdpa": "sdpa", "mhla": "mhla", "hybrid": "wan-mhla-h"}[variant.removesuffix("-rope")]
+    with warnings.catch_warnings():  # the position-blind variants are measured on purpose
+        warnings.filterwarnings("ignore", message=".*see no token positions")
+        mediagen.convert(model, attention, blocks=blocks, grid=grid,
+                         rope="features" if variant.endswith("-rope") else "none")
 
 
 def parse_size(text: str):
@@ -148,7 +155,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU in fp32: checks the script runs")
     ap.add_argument("--sizes", default=None, help="comma list of FRAMESxHEIGHTxWIDTH (default 81x480x832,81x720x1280)")
-    ap.add_argument("--variants", default="sdpa,mhla,hybrid,no-self-attn", help=f"comma list from {VARIANTS}")
+    ap.add_argument("--variants", default="sdpa,mhla,mhla-rope,hybrid,hybrid-rope,no-self-attn", help=f"comma list from {VARIANTS}")
     ap.add_argument("--blocks", default="3,5,10",
                     help="MHLA blocks (frames,height,width); default the paper's 3,5,10; 'auto' picks M^2 <= N")
     ap.add_argument("--text-len", type=int, default=512)
