@@ -106,10 +106,28 @@ def encoding_table(args, device, dtype, shape):
     return lines
 
 
+def graph_timed(fn, device, iters: int):
+    """Median milliseconds of one replay of fn captured in a CUDA graph (kernels without launch
+    overhead; None off CUDA or when fn cannot be captured)."""
+    if device.type != "cuda":
+        return None
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=max(20, 4 * iters), return_mode="median")
+    except Exception as err:  # e.g. a host sync inside fn
+        print(f"no CUDA graph: {type(err).__name__}: {str(err).splitlines()[0][:80]}", flush=True)
+        return None
+
+
 def decode_table(args, device, dtype, shapes):
-    lines = ["| shape | attention | cache bytes/token/layer | batch | " +
+    """Per-token decode latency with a cache of ctx tokens; on CUDA also the captured step replayed
+    as a CUDA graph, i.e. the kernels alone: a decode step is a few dozen tiny kernels, so eager
+    timing mostly measures launch overhead, which serving stacks remove with CUDA graphs."""
+    modes = ("eager", "CUDA graph") if device.type == "cuda" else ("eager",)
+    lines = ["| shape | attention | cache bytes/token/layer | batch | timing | " +
              " | ".join(f"{c // 1024}K ctx (ms)" if c >= 1024 else f"{c} ctx (ms)" for c in args.contexts) + " |",
-             "|---|---|---|---|" + "---|" * len(args.contexts)]
+             "|---|---|---|---|---|" + "---|" * len(args.contexts)]
     for shape_name, (hidden, heads) in shapes.items():
         torch.manual_seed(0)
         layers = {"mha": MultiHeadSelfAttention(hidden, heads), "mlra2": MLRAttention(hidden, heads, branches=2),
@@ -117,7 +135,7 @@ def decode_table(args, device, dtype, shapes):
         for name, layer in layers.items():
             layer = layer.to(device=device, dtype=dtype).eval()
             for batch in args.decode_batches:
-                row = []
+                rows = {mode: [] for mode in modes}
                 for ctx in args.contexts:
                     def bench():
                         cache = layer.new_cache(batch, ctx + args.iters + args.warmup + 1)
@@ -128,11 +146,20 @@ def decode_table(args, device, dtype, shapes):
                         def step():
                             with torch.no_grad():
                                 layer(x, cache=cache)
-                        return timed(step, device, args.warmup, args.iters)
-                    row.append(fmt(run_or_oom(bench)))
+
+                        def step_at_ctx():  # every replay appends at slot ctx and attends over ctx + 1
+                            cache.length = ctx
+                            step()
+                        eager = timed(step, device, args.warmup, args.iters)
+                        return eager, graph_timed(step_at_ctx, device, args.iters)
+                    times = run_or_oom(bench) or (None, None)
+                    for mode, ms in zip(modes, times):
+                        rows[mode].append(fmt(ms) if ms is not None or mode == "eager" else "-")
                 nbytes = layer.kv_cache_bytes_per_token(dtype)
-                lines.append(f"| {shape_name} | {name} | {nbytes} | {batch} | " + " | ".join(row) + " |")
-                print(lines[-1], flush=True)
+                for mode in modes:
+                    lines.append(f"| {shape_name} | {name} | {nbytes} | {batch} | {mode} | " +
+                                 " | ".join(rows[mode]) + " |")
+                    print(lines[-1], flush=True)
     return lines
 
 
