@@ -111,6 +111,9 @@ def test_latent_heads_have_their_own_norm(branches):
 @pytest.mark.parametrize("branches", [2, 4])
 def test_decode_with_latent_cache_equals_full_forward(branches):
     m = make(branches)
+    with torch.no_grad():  # distinct per-latent norm weights, so a mixed-up latent head would show
+        for norm in m.kv_norms:
+            norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(2, 9, D, dtype=torch.float64)
     full = m(x)
     cache = m.new_cache(2, 16)
@@ -147,3 +150,15 @@ def test_bad_arguments_raise():
         MLRAttention(D, H, branches=3)
     with pytest.raises(ValueError, match="even number of heads"):
         MLRAttention(60, 3, branches=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_tables_equal_apply_rope_bit_for_bit(dtype):
+    from mediagen.attention.rope import apply_rope, apply_rope_tables, rope_cos_sin, rope_tables
+
+    x = torch.randn(3, 7, 4, 16).to(dtype)
+    pos = torch.randint(0, 5000, (7,))
+    cos, sin = rope_cos_sin(pos, 16, dtype=dtype)
+    cos_full, sin_signed = rope_tables(pos, 16, dtype=dtype)
+    assert torch.equal(apply_rope_tables(x, cos_full[:, None], sin_signed[:, None]),
+                       apply_rope(x, cos[:, None], sin[:, None]))

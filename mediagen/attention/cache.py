@@ -12,11 +12,15 @@ class DecodeCache:
     at 128K-token contexts.
     """
 
-    def __init__(self, batch: int, capacity: int, shapes: dict[str, tuple[int, ...]], *, dtype, device):
+    def __init__(self, batch: int, capacity: int, shapes: dict[str, tuple[int, ...]], *, dtype, device,
+                 tables: dict[str, torch.Tensor] | None = None):
+        """``tables``: optional per-position constants (capacity, ...) computed once for the whole
+        capacity (e.g. RoPE cos / sin), so that a decode step slices them instead of recomputing."""
         self.capacity = int(capacity)
         self.length = 0
         self.buffers = {name: torch.zeros(batch, self.capacity, *shape, dtype=dtype, device=device)
                         for name, shape in shapes.items()}
+        self.tables = dict(tables or {})
 
     def append(self, **tensors: torch.Tensor) -> None:
         n = next(iter(tensors.values())).shape[1]

@@ -26,7 +26,7 @@ from torch import nn
 
 from .cache import DecodeCache
 from .masks import sdpa_mask
-from .rope import apply_rope, rope_cos_sin
+from .rope import apply_rope_tables, rope_tables
 
 LATENT_HEADS = 4
 
@@ -86,21 +86,24 @@ class MLRAttention(nn.Module):
     # ---- pieces shared by the full forward and the decode step ----
 
     def _rope(self, positions, dtype):
-        cos, sin = rope_cos_sin(positions, self.rope_dim, self.rope_base, dtype=dtype)
+        """RoPE tables (``rope_tables``) for the positions, shaped to broadcast over heads."""
+        cos, sin = rope_tables(positions, self.rope_dim, self.rope_base, dtype=dtype)
         return cos[:, None, :], sin[:, None, :]                      # broadcast over heads
 
     def _queries(self, x, cos, sin):
         c_q = self.q_norm(self.q_down(x)) * self.q_scale
         q = self.q_up(c_q).unflatten(-1, (self.heads, self.head_dim + self.rope_dim))
         q_nope, q_rope = q.split([self.head_dim, self.rope_dim], dim=-1)
-        return q_nope, apply_rope(q_rope, cos, sin)
+        return q_nope, apply_rope_tables(q_rope, cos, sin)
 
     def _latents(self, x, cos, sin):
         """Normalised latents (B, N, 4, d_c/4) and the rotated shared rope key (B, N, d_r)."""
         c, k_rope = self.kv_down(x).split([self.kv_latent, self.rope_dim], dim=-1)
         c = c.unflatten(-1, (LATENT_HEADS, self.latent_dim))
-        c = torch.stack([norm(c[:, :, i]) for i, norm in enumerate(self.kv_norms)], dim=2) * self.kv_scale
-        k_rope = apply_rope(k_rope[:, :, None, :], cos, sin)[:, :, 0]
+        # the 4 latent heads' RMSNorms in one call: normalise, then each head's own weight
+        weights = torch.stack([norm.weight for norm in self.kv_norms]) * self.kv_scale  # (4, d_l)
+        c = F.rms_norm(c, (self.latent_dim,), eps=self.kv_norms[0].eps) * weights
+        k_rope = apply_rope_tables(k_rope[:, :, None, :], cos, sin)[:, :, 0]
         return c, k_rope
 
     def _up_weights(self):
@@ -163,18 +166,27 @@ class MLRAttention(nn.Module):
 
     def new_cache(self, batch: int, capacity: int, *, dtype=None, device=None) -> DecodeCache:
         p = self.kv_up
+        dtype, device = dtype or p.dtype, device or p.device
+        positions = torch.arange(int(capacity), device=device)
+        cos_full, sin_signed = rope_tables(positions, self.rope_dim, self.rope_base, dtype=dtype)
         return DecodeCache(batch, capacity, {"latents": (LATENT_HEADS, self.latent_dim),
                                              "rope_keys": (self.rope_dim,)},
-                           dtype=dtype or p.dtype, device=device or p.device)
+                           dtype=dtype, device=device, tables={"rope_cos": cos_full, "rope_sin": sin_signed})
 
     def decode_step(self, x, cache: DecodeCache):
-        """One new token x (B, 1, d) against the cached latents; appends its own latents first."""
-        pos = torch.arange(cache.length, cache.length + 1, device=x.device)
-        cos, sin = self._rope(pos, x.dtype)
+        """One new token x (B, 1, d) against the cached latents; appends its own latents first.
+
+        A decode step is launch-bound (tiny kernels), so it is written for few kernels: RoPE tables
+        sliced from the cache, one RMSNorm for the 4 latent heads, and the 4 latent heads' products
+        as one matmul each way through a block-diagonal query (4x the FLOPs of 4 separate products,
+        which are negligible; the cache is read once, in place)."""
+        t = cache.length
+        cos, sin = cache.tables["rope_cos"][t:t + 1, None, :], cache.tables["rope_sin"][t:t + 1, None, :]
         q_nope, q_rope = self._queries(x, cos, sin)                  # (B,1,H,d_h), (B,1,H,d_r)
         c_new, k_rope_new = self._latents(x, cos, sin)
         cache.append(latents=c_new, rope_keys=k_rope_new)
         c, k_rope = cache["latents"], cache["rope_keys"]              # (B,T,4,d_l), (B,T,d_r)
+        c_flat = c.flatten(2)                                         # (B,T,4 d_l), a view
         w_k, w_v = self._up_weights()                                 # (4, d_l, hp, d_h)
         # split the heads among latents as the branches do: (B, 4, hp, d_h)
         q_lat = q_nope[:, 0].unflatten(1, (-1, self.heads_per_latent))
@@ -183,14 +195,15 @@ class MLRAttention(nn.Module):
         else:
             q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
         q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
-        # per latent head a (hp x d_l) @ (d_l x T) product on a strided view of the cache (no copy)
-        scores = torch.stack([q_abs[:, i] @ c[:, :, i].transpose(1, 2) for i in range(LATENT_HEADS)], 1)
+        eye = torch.eye(LATENT_HEADS, device=x.device, dtype=q_abs.dtype)
+        q_block = (q_abs[:, :, :, None, :] * eye[:, None, :, None]).flatten(3).flatten(1, 2)  # (B, 4hp, 4d_l)
+        scores = (q_block @ c_flat.transpose(1, 2)).unflatten(1, (LATENT_HEADS, -1))        # (B, 4, hp, T)
         scores = self._latent_to_branch_heads(scores)                # (B, nb, H, T)
         scores = scores + (q_rope[:, 0] @ k_rope.transpose(1, 2))[:, None]
-        p = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)) * self.attn_scale,
-                          dim=-1).to(c.dtype)
-        p = self._branch_heads_to_latent(p)                           # (B, 4, hp, T)
-        ctx = torch.stack([p[:, i] @ c[:, :, i] for i in range(LATENT_HEADS)], 1)  # latent-space sum
+        p = torch.softmax(scores * self.attn_scale, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+        p = self._branch_heads_to_latent(p.to(c.dtype))               # (B, 4, hp, T)
+        ctx = (p.flatten(1, 2) @ c_flat).unflatten(1, (LATENT_HEADS, -1)).unflatten(-1, (LATENT_HEADS, -1))
+        ctx = torch.diagonal(ctx, dim1=1, dim2=3).movedim(-1, 1)     # latent l's own block: (B, 4, hp, d_l)
         o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
         o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
         return self.out_proj(o.flatten(-2))[:, None]
