@@ -236,23 +236,21 @@ def out_of_time(acc, started: float, limit_minutes: float, terminated: bool = Fa
     return bool(acc.reduce(torch.tensor(float(late), device=acc.device), "sum").item() > 0)
 
 
-class _TermFlag:
-    """Set by SIGTERM while training runs (main thread only): the loop then checkpoints and stops,
-    so `kill PID` (or a scheduler's preemption) loses no step and the same command resumes."""
+class _SigtermFlag:
+    """``set`` turns True on SIGTERM while training runs (main thread only): the loop then checkpoints
+    and stops, so `kill PID` (or a scheduler's preemption) loses no step and the same command resumes.
+    ``restore()`` puts the previous handler back."""
 
     def __init__(self):
         self.set = False
         self._previous = None
-
-    def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
 
     def _handle(self, signum, frame):
         self.set = True
 
-    def __exit__(self, *exc):
+    def restore(self):
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
 
@@ -325,7 +323,7 @@ def train(cfg, on_step_end=None) -> dict:
     params = [p for p in prepared.parameters() if p.requires_grad]
     step = start
     finished = True
-    term = _TermFlag().__enter__()  # after the loader's workers started: they keep the default handler
+    term = _SigtermFlag()  # after the loader's workers started: they keep the default handler
     try:
         for step in range(start + 1, cfg.train.max_steps + 1):
             t0 = time.perf_counter()
@@ -383,7 +381,7 @@ def train(cfg, on_step_end=None) -> dict:
                           "command to resume")
                 break
     finally:
-        term.__exit__()
+        term.restore()
         logger.close()
     if cfg.checkpoint.save_pipeline and start < cfg.train.max_steps and finished:
         if acc.is_main_process and not (cfg.train.distributed == "fsdp" and acc.num_processes > 1):
