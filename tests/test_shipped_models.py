@@ -86,3 +86,16 @@ def test_shipped_text_encoders_stay_close_to_minilm(name):
     prompts = make_prompts(64, "heldout") + ["the digit 3 moves left", "the digit 8 moves down"]
     sim = sentence_similarity(encoder.model, load_minilm(), encoder.tokenizer, prompts)
     assert sim >= 0.9, (name, sim)
+
+
+@pytest.mark.parametrize("attention", ["mhla", "sdpa"])
+def test_app_serves_the_shipped_video_models(attention):
+    from mediagen.app.generation import text_samples
+    from mediagen.app.models import ModelCache, default_models
+
+    models = default_models()
+    assert models.video.trained[attention] == str(checkpoints_dir() / f"video-{attention}")
+    cache = ModelCache(models, device=torch.device("cpu"))
+    out = text_samples(cache, attention, "FlashAttention", "the digit 3 moves left", None, batch=1, seed=0, steps=2,
+                       guidance=4.0, height=64, width=64, frames=4)
+    assert out.is_video and out.samples.shape == (1, 4, 64, 64, 1) and np.isfinite(out.samples).all()
