@@ -73,6 +73,8 @@ class MLRAttention(nn.Module):
         # kv_up[l]: latent head l -> (K_nope, V) for the heads it serves, laid out (heads, 2, d_h)
         self.kv_up = nn.Parameter(torch.empty(LATENT_HEADS, self.latent_dim, self.heads_per_latent * 2 * head_dim))
         self.out_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        # (4, 1, 4, 1) block-diagonal selector of the decode step; not saved (persistent=False)
+        self.register_buffer("_latent_eye", torch.eye(LATENT_HEADS)[:, None, :, None], persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -195,8 +197,7 @@ class MLRAttention(nn.Module):
         else:
             q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
         q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
-        eye = torch.eye(LATENT_HEADS, device=x.device, dtype=q_abs.dtype)
-        q_block = (q_abs[:, :, :, None, :] * eye[:, None, :, None]).flatten(3).flatten(1, 2)  # (B, 4hp, 4d_l)
+        q_block = (q_abs[:, :, :, None, :] * self._latent_eye).flatten(3).flatten(1, 2)     # (B, 4hp, 4d_l)
         scores = (q_block @ c_flat.transpose(1, 2)).unflatten(1, (LATENT_HEADS, -1))        # (B, 4, hp, T)
         scores = self._latent_to_branch_heads(scores)                # (B, nb, H, T)
         scores = scores + (q_rope[:, 0] @ k_rope.transpose(1, 2))[:, None]
