@@ -17,7 +17,8 @@
 # installed, MiniLM in .minilm-fp16 (benchmarks/export_minilm.py). On the lent machine the working
 # tree travels with a 64 MiB limit: the shipped checkpoints (59 MB) plus MiniLM (45 MB) exceed it, so
 # move mediagen/checkpoints aside for the call (what eval needs of it, text-mlra/text-hla, 16 MB,
-# can travel in a later call of its own) and restore it afterwards.
+# can travel in a later call of its own), TEXT_ENCODERS=that folder for eval) and restore it
+# afterwards.
 set -u
 phase=${1:-all}
 R=${RUNS:-runs}
@@ -118,7 +119,7 @@ print('\n'.join(clip_caption([d], [m]) for _ in range(3) for d in range(10) for 
     }
     for a in sdpa mhla hybrid; do vb "$a-minilm" "$R/wan-mmnist-$a/pipeline-common"; done
     for t in mlra hla; do  # the encoders distilled in this run, else the shipped ones
-      enc=$R/text/text-$t; [ -f "$enc/config.json" ] || enc=mediagen/checkpoints/text-$t
+      enc=$R/text/text-$t; [ -f "$enc/config.json" ] || enc=${TEXT_ENCODERS:-mediagen/checkpoints}/text-$t
       [ -f "$enc/config.json" ] && vb "mhla-$t" "$R/wan-mmnist-mhla/pipeline-common" --text-encoder "$enc"
     done
     for a in sdpa mhla hybrid; do
