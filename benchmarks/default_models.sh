@@ -17,7 +17,7 @@
 # installed, MiniLM in .minilm-fp16 (benchmarks/export_minilm.py). On the lent machine the working
 # tree travels with a 64 MiB limit: the shipped checkpoints (59 MB) plus MiniLM (45 MB) exceed it, so
 # move mediagen/checkpoints aside for the call (what eval needs of it, text-mlra/text-hla, 16 MB,
-# can travel in a later call of its own), TEXT_ENCODERS=that folder for eval) and restore it
+# can travel in a later call of its own: point TEXT_ENCODERS at its folder for eval) and restore it
 # afterwards.
 set -u
 phase=${1:-all}
