@@ -140,3 +140,65 @@ def test_attention_stats_video_clip_size(tmp_path):
     assert all(s["tokens"] == 320 for s in json.loads(out.read_text())["layers"].values())
     with pytest.raises(ValueError, match="--size 8"):
         real_input(model, frames=5, side=8)
+
+
+def _random_rotation(n, d, seed):
+    """A RoPE-like map on (B, N, H, D): channel pairs of token t rotate by t-dependent angles."""
+    g = torch.Generator().manual_seed(seed)
+    angle = torch.rand(n, d // 2, generator=g, dtype=torch.float64) * 6.3
+    c, s = angle.cos()[None, :, None], angle.sin()[None, :, None]
+
+    def rotate(x):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    return rotate
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_rotated_mhla_matrix_is_the_layer(per_head):
+    """With RoPE on the features, A @ v is what the MHLA module computes with the same ``rotate``
+    (numerator rotated, denominator not), and the matrix has signed entries: no entropy."""
+    grid, blocks, d, heads = (4, 6), (2, 3), 16, 2
+    q, k, v = _qkv(24, d, heads=heads, seed=3)
+    q, k, v = (t.float() for t in (q, k, v))  # the module runs the kernel path (fp32); the matrix is fp64
+    layer = MHLAttention(blocks, heads=heads if per_head else None)
+    with torch.no_grad():
+        layer.mix.uniform_(0.1, 1.0)
+    rotate = _random_rotation(24, d, seed=4)
+    A = attention_matrix(layer, q, k, grid, rotate)
+    got = (A @ v.double().transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(got.float(), layer(q, k, v, grid, rotate=rotate), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(A, attention_matrix(layer, q, k, grid))  # the rotation matters
+    s = attention_stats(A)
+    assert (A < 0).any() and s["entropy_mean"] is None and s["rank_mean"] <= 6 * d
+    lin = LinearAttention(2)
+    got = (attention_matrix(lin, q, k, grid, rotate) @ v.double().transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(got.float(), lin(q, k, v, grid, rotate=rotate), rtol=1e-4, atol=1e-5)
+
+
+def test_recorder_records_rope_feature_layers(tmp_path):
+    """A Wan model converted with rope='features' (the shipped video models): every MHLA layer is
+    recorded with its rotation, and the recorded matrix reproduces the layer's attention output."""
+    from mediagen.models.convert import convert
+    from mediagen.models.presets import build_transformer
+    from mediagen.eval.attention_stats_cli import real_input
+
+    torch.manual_seed(0)
+    model = build_transformer("wan-tiny").eval()
+    convert(model, "mhla", blocks=(1, 2, 2), rope="features")
+    inputs = real_input(model, frames=3, side=16)
+    outs = {}
+    hooks = [m.register_forward_hook(lambda mod, a, kw, o, n=n: outs.__setitem__(n, (a, kw, o)), with_kwargs=True)
+             for n, m in model.named_modules() if isinstance(m, MHLAttention)]
+    with AttentionRecorder(model) as rec, torch.no_grad():
+        model(**inputs, return_dict=False)
+    for h in hooks:
+        h.remove()
+    stats = rec.stats()
+    assert stats and set(stats) == set(outs)
+    assert all(s["kind"] == "MHLAttention+rope" and s["tokens"] == 3 * 8 * 8 for s in stats.values())
+    name, (args, kw, out) = next(iter(outs.items()))
+    mod, q, k, grid, rotate = rec.records[name]
+    A = attention_matrix(mod, q, k, grid, rotate).float()
+    v = args[2].float()
+    torch.testing.assert_close((A @ v.transpose(1, 2)).transpose(1, 2), out.float(), rtol=1e-3, atol=1e-4)

@@ -7,18 +7,23 @@ Mc is kept in [0, 1] by clipping after each optimizer step (the paper's choice):
 a sigmoid reparametrisation keeps the initial zeros (farthest blocks) representable exactly.
 
 Global linear attention is the M = 1 case of the same code (``LinearAttention``).
+
+Both take an optional ``rotate``, a map applied to the features phi(q), phi(k) of the numerator only
+(a model's RoPE; the official Wan MHLA code rotates after the feature map and keeps the denominator
+un-rotated):
+    o_t = R(phi(q_t))^T S~^R_i(t) / (phi(q_t)^T z~_i(t) + eps),   S^R_b = sum_{s in b} R(phi(k_s)) v_s^T
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-from ..kernels import mhla
-from ..kernels.mhla.checks import FEATURE_MAPS
+from ..kernels import mhla, token_block_ids
+from ..kernels.mhla.checks import FEATURE_MAPS, feature
 
 
 def block_centres(blocks: Sequence[int]) -> torch.Tensor:
@@ -34,6 +39,27 @@ def locality_mix(blocks: Sequence[int]) -> torch.Tensor:
     far = dist.max(dim=1, keepdim=True).values
     w = torch.where(far > 0, 1.0 - dist / far.clamp_min(1e-12), torch.ones_like(dist))
     return (w / w.sum(dim=1, keepdim=True)).float()
+
+
+def rotated_feature_mhla(q, k, v, mix, grid, blocks, rotate: Callable, *, feature_map: str = "relu",
+                        normalize: bool = True, eps: float = 1e-6, scale: float | None = None,
+                        block_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """MHLA with ``rotate`` applied to the numerator's features only (module docstring). The
+    numerator is the MHLA kernel on the rotated features (normalize=False); the denominator is
+    phi(q_t) . sum_b m_{i(t) b} z_b from the un-rotated key sums. ``block_ids``: the token -> block
+    map of (grid, blocks) when the caller caches it."""
+    acc = torch.float32 if q.dtype != torch.float64 else q.dtype
+    qf, kf = feature(q.to(acc), feature_map), feature(k.to(acc), feature_map)
+    qr, kr = rotate(qf).to(q.dtype), rotate(kf).to(q.dtype)
+    num = mhla(qr, kr, v, mix.to(q.device), grid, blocks, normalize=False, feature_map=None)
+    if not normalize:
+        return num * (1.0 if scale is None else scale)
+    ids = token_block_ids(tuple(grid), tuple(blocks), q.device) if block_ids is None else block_ids
+    z = kf.new_zeros(q.shape[0], math.prod(blocks), *q.shape[2:]).index_add_(1, ids, kf)  # (B, M, H, D)
+    m = mix.to(device=q.device, dtype=acc)
+    z_mixed = torch.einsum("ij,bjhd->bihd" if m.dim() == 2 else "hij,bjhd->bihd", m, z)
+    den = (qf * z_mixed[:, ids]).sum(-1, keepdim=True) + eps
+    return (num.to(acc) / den).to(q.dtype)
 
 
 class MHLAttention(nn.Module):
@@ -63,19 +89,32 @@ class MHLAttention(nn.Module):
         if heads is not None:
             mix = mix.expand(heads, -1, -1).clone()
         self.mix = nn.Parameter(mix)
+        self._ids_cache: dict = {}
 
     @property
     def num_blocks(self) -> int:
         return math.prod(self.blocks)
 
-    def forward(self, q, k, v, grid: Sequence[int]):
-        """q, k, v: (B, N, H, D) with N = prod(grid); returns (B, N, H, D)."""
+    def forward(self, q, k, v, grid: Sequence[int], rotate: Callable | None = None):
+        """q, k, v: (B, N, H, D) with N = prod(grid); returns (B, N, H, D). ``rotate``: see the module
+        docstring (None: plain MHLA)."""
         grid = tuple(int(g) for g in grid)
         if len(grid) != len(self.blocks):
             raise ValueError(f"grid={grid} has {len(grid)} axes but this layer's blocks={self.blocks} "
                              f"has {len(self.blocks)}")
-        return mhla(q, k, v, self.mix, grid, self.blocks, normalize=self.normalize, eps=self.eps,
-                    feature_map=self.feature_map, scale=self.scale if not self.normalize else None)
+        return self._attend(q, k, v, self.mix, grid, self.blocks, rotate)
+
+    def _attend(self, q, k, v, mix, grid, blocks, rotate):
+        scale = self.scale if not self.normalize else None
+        if rotate is None:
+            return mhla(q, k, v, mix, grid, blocks, normalize=self.normalize, eps=self.eps,
+                        feature_map=self.feature_map, scale=scale)
+        key = (grid, blocks, str(q.device))
+        if key not in self._ids_cache:
+            self._ids_cache[key] = token_block_ids(grid, blocks, q.device)
+        return rotated_feature_mhla(q, k, v, mix, grid, blocks, rotate, feature_map=self.feature_map,
+                                    normalize=self.normalize, eps=self.eps, scale=scale,
+                                    block_ids=self._ids_cache[key])
 
     @torch.no_grad()
     def clip_mix_(self):
@@ -94,10 +133,8 @@ class LinearAttention(MHLAttention):
         super().__init__((1,) * ndim, **kwargs)
         self.mix.requires_grad_(False)
 
-    def forward(self, q, k, v, grid: Sequence[int] | None = None):
-        n = q.shape[1]
-        return mhla(q, k, v, self.mix.to(q.device), (n,), (1,), normalize=self.normalize, eps=self.eps,
-                    feature_map=self.feature_map, scale=self.scale if not self.normalize else None)
+    def forward(self, q, k, v, grid: Sequence[int] | None = None, rotate: Callable | None = None):
+        return self._attend(q, k, v, self.mix.to(q.device), (q.shape[1],), (1,), rotate)
 
 
 def clip_mixes_(model: nn.Module) -> None:

@@ -9,6 +9,9 @@ All q, k are (B, N, H, D); matrices come back (B, H, N, N) in float64, each row 
 - MHLA:    A[t, s] = m_{i(t), i(s)} phi(q_t).phi(k_s) / (sum_s' of the same + eps), i(t) the block
   of token t (the dense form of the MHLA kernel). Rank at most M * D: each block of key columns
   contributes a factor of rank <= D.
+- With RoPE on the features (``rotate``, Wan's rope="features") the numerator's phi(q_t).phi(k_s)
+  becomes R(phi(q_t)).R(phi(k_s)) and the denominator stays un-rotated: rows no longer sum to 1 and
+  entries can be negative (rank bounds unchanged; entropy is then not reported).
 Rank is numerical: singular values above ``rtol`` times the largest (default N * eps of float64,
 numpy's rule; pass e.g. 1e-6 to ignore numerically negligible directions). Entropy is the mean
 over rows of -sum_s A log A, in nats (log N for uniform attention, 0 for one-hot).
@@ -34,36 +37,44 @@ def softmax_attention_matrix(q, k, scale: float | None = None) -> torch.Tensor:
     return torch.softmax(qh @ kh.transpose(-1, -2) * scale, dim=-1)
 
 
-def _normalise_rows(raw: torch.Tensor, eps: float) -> torch.Tensor:
-    return raw / (raw.sum(dim=-1, keepdim=True) + eps)
+def _scores(q, k, feature_map: str, rotate=None):
+    """(numerator, denominator) scores phi(q_t).phi(k_s), each (B, H, N, N) float64; with ``rotate``
+    (a layer's RoPE on (B, N, H, D) features) the numerator's features are rotated."""
+    qf, kf = feature(q.double(), feature_map), feature(k.double(), feature_map)
+    den = _heads_first(qf) @ _heads_first(kf).transpose(-1, -2)
+    if rotate is None:
+        return den, den
+    return _heads_first(rotate(qf)) @ _heads_first(rotate(kf)).transpose(-1, -2), den
 
 
-def linear_attention_matrix(q, k, feature_map: str = "relu", eps: float = 1e-6) -> torch.Tensor:
-    qf, kf = feature(_heads_first(q), feature_map), feature(_heads_first(k), feature_map)
-    return _normalise_rows(qf @ kf.transpose(-1, -2), eps)
+def linear_attention_matrix(q, k, feature_map: str = "relu", eps: float = 1e-6, rotate=None) -> torch.Tensor:
+    num, den = _scores(q, k, feature_map, rotate)
+    return num / (den.sum(dim=-1, keepdim=True) + eps)
 
 
-def mhla_attention_matrix(q, k, mix, grid, blocks, feature_map: str = "relu", eps: float = 1e-6) -> torch.Tensor:
-    qf, kf = feature(_heads_first(q), feature_map), feature(_heads_first(k), feature_map)
+def mhla_attention_matrix(q, k, mix, grid, blocks, feature_map: str = "relu", eps: float = 1e-6,
+                          rotate=None) -> torch.Tensor:
+    num, den = _scores(q, k, feature_map, rotate)
     ids = token_block_ids(tuple(grid), tuple(blocks), q.device)
-    if ids.numel() != qf.shape[2]:
-        raise ValueError(f"grid={tuple(grid)} holds {ids.numel()} tokens but q has N={qf.shape[2]}")
+    if ids.numel() != num.shape[2]:
+        raise ValueError(f"grid={tuple(grid)} holds {ids.numel()} tokens but q has N={num.shape[2]}")
     m = mix.detach().double().to(q.device)
     # token-pair mixing weights m_{i(t), i(s)}: (N, N) for a shared Mc, (H, N, N) per head
     pair = m[ids][:, ids] if m.dim() == 2 else m[:, ids][:, :, ids]
-    return _normalise_rows(pair * (qf @ kf.transpose(-1, -2)), eps)
+    return pair * num / ((pair * den).sum(dim=-1, keepdim=True) + eps)
 
 
-def attention_matrix(module, q, k, grid=None) -> torch.Tensor:
-    """The dense attention matrix of a ``mediagen.attention`` module on q, k."""
+def attention_matrix(module, q, k, grid=None, rotate=None) -> torch.Tensor:
+    """The dense attention matrix of a ``mediagen.attention`` module on q, k (``rotate``: as the
+    module's forward got it)."""
     from ..attention import LinearAttention, MHLAttention, SDPAttention
 
     if isinstance(module, LinearAttention):
-        return linear_attention_matrix(q, k, module.feature_map, module.eps)
+        return linear_attention_matrix(q, k, module.feature_map, module.eps, rotate)
     if isinstance(module, MHLAttention):
         if grid is None:
             raise ValueError("an MHLA layer needs the token grid to build its attention matrix; got grid=None")
-        return mhla_attention_matrix(q, k, module.mix, grid, module.blocks, module.feature_map, module.eps)
+        return mhla_attention_matrix(q, k, module.mix, grid, module.blocks, module.feature_map, module.eps, rotate)
     if isinstance(module, SDPAttention):
         return softmax_attention_matrix(q, k)
     raise ValueError(f"no attention matrix for module type {type(module).__name__}: "
@@ -82,10 +93,13 @@ def attention_entropy(A: torch.Tensor) -> torch.Tensor:
 
 
 def attention_stats(A: torch.Tensor, rtol: float | None = None) -> dict:
-    """Rank and entropy of (B, H, N, N) attention, per head and averaged."""
-    rank, ent = attention_rank(A, rtol), attention_entropy(A)
+    """Rank and entropy of (B, H, N, N) attention, per head and averaged. Entropy is None when A
+    has negative entries (RoPE-rotated linear attention): its rows are then no distributions."""
+    rank = attention_rank(A, rtol)
+    ent = attention_entropy(A) if bool((A >= 0).all()) else None
     return {"rank_mean": rank.double().mean().item(), "rank_per_head": rank.tolist(),
-            "entropy_mean": ent.mean().item(), "entropy_per_head": ent.tolist(), "tokens": A.shape[-1]}
+            "entropy_mean": None if ent is None else ent.mean().item(),
+            "entropy_per_head": None if ent is None else ent.tolist(), "tokens": A.shape[-1]}
 
 
 class AttentionRecorder:
@@ -100,7 +114,7 @@ class AttentionRecorder:
     ``scaled_dot_product_attention`` (recorded while the call is inside such a module, patched only
     inside the ``with`` block; cross-attention, masked and causal calls are skipped). Layers with
     more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit. MHLA
-    layers converted with rope="features" bypass their core module and are not recorded.
+    layers with rope="features" are recorded with their rotation (``rotate``).
     """
 
     def __init__(self, model, max_tokens: int = 4096):
@@ -118,8 +132,9 @@ class AttentionRecorder:
         def hook(module, args, kwargs):
             q, k = args[0], args[1]
             grid = args[3] if len(args) > 3 else kwargs.get("grid")
+            rotate = args[4] if len(args) > 4 else kwargs.get("rotate")
             if q.shape[1] <= self.max_tokens:
-                self.records[name] = (module, q.detach(), k.detach(), grid)
+                self.records[name] = (module, q.detach(), k.detach(), grid, rotate)
         return hook
 
     def _enter_layer(self, name):
@@ -169,7 +184,8 @@ class AttentionRecorder:
                 _, q, k, scale = rec
                 A, kind = softmax_attention_matrix(q, k, scale), "softmax"
             else:
-                mod, q, k, grid = rec
-                A, kind = attention_matrix(mod, q, k, grid), type(mod).__name__
+                mod, q, k, grid, rotate = rec
+                A = attention_matrix(mod, q, k, grid, rotate)
+                kind = type(mod).__name__ + ("+rope" if rotate is not None else "")
             out[name] = {"kind": kind, **attention_stats(A, rtol)}
         return out

@@ -93,7 +93,8 @@ def run(args) -> int:
     print("| layer | kind | tokens | rank (mean over heads) | entropy (nats) |")
     print("|---|---|---|---|---|")
     for name, s in stats.items():
-        print(f"| {name} | {s['kind']} | {s['tokens']} | {s['rank_mean']:.1f} | {s['entropy_mean']:.3f} |")
+        ent = "n/a (signed)" if s["entropy_mean"] is None else f"{s['entropy_mean']:.3f}"
+        print(f"| {name} | {s['kind']} | {s['tokens']} | {s['rank_mean']:.1f} | {ent} |")
     if args.out:
         write_json_report(args.out, {"checkpoint": str(args.checkpoint), "rtol": args.rtol, "layers": stats})
     return 0

@@ -15,21 +15,17 @@ Per layer, with q, k, v (B, N, H, D) from the layer's own projections:
     out = to_out(o)
 
 With rope="features" (Wan only) the numerator uses rotated features and the denominator does not,
-as the official Wan MHLA code does:
-    o_t = R(phi(q_t))^T S~^R_i(t) / (phi(q_t)^T z~_i(t) + eps),   S^R_b = sum_{s in b} R(phi(k_s)) v_s^T
+as the official Wan MHLA code does (``attention.mhla.rotated_feature_mhla``; the core gets Wan's
+rotation as its ``rotate``).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..attention import LinearAttention, MHLAttention
-from ..kernels import mhla, token_block_ids
-from ..kernels.mhla.checks import feature
 from .attention_spec import AttentionSpec
 
 _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
@@ -72,7 +68,6 @@ class GridSelfAttnProcessor(nn.Module):
             nn.init.zeros_(self.cpe.bias)
         self.grids = grids  # shared LatentGrids (plain object, not a submodule)
         self.sequence_parallel = None  # set by models.sequence_parallel.enable_sequence_parallel
-        self._ids_cache: dict = {}
 
     # --- family-specific parts -------------------------------------------------------------
     def project_qkv(self, attn, x):  # -> q, k, v (B, N, H, D)
@@ -82,34 +77,6 @@ class GridSelfAttnProcessor(nn.Module):
         raise NotImplementedError
 
     # --- shared -----------------------------------------------------------------------------
-    def _blocks(self, grid):
-        return (self.core.blocks, grid) if self.kind == "mhla" else ((1,), (math.prod(grid),))
-
-    def _block_ids(self, grid, blocks, device):
-        key = (grid, blocks, str(device))
-        ids = self._ids_cache.get(key)
-        if ids is None:
-            ids = self._ids_cache[key] = token_block_ids(grid, blocks, device)
-        return ids
-
-    def _attend_rope_features(self, q, k, v, mix, grid, blocks, rotary_emb):
-        acc = torch.float32 if q.dtype != torch.float64 else q.dtype
-        fm = self.core.feature_map
-        qf, kf = feature(q.to(acc), fm), feature(k.to(acc), fm)
-        cos, sin = rotary_emb
-        qr, kr = apply_wan_rotary(qf, cos, sin).to(q.dtype), apply_wan_rotary(kf, cos, sin).to(q.dtype)
-        num = mhla(qr, kr, v, mix.to(q.device), grid, blocks, normalize=False, feature_map=None)
-        if not self.core.normalize:
-            return num * (1.0 if self.core.scale is None else self.core.scale)
-        # un-rotated denominator: phi(q_t) . sum_b m_{i(t) b} z_b
-        ids = self._block_ids(grid, blocks, q.device)
-        B, N, H, D = q.shape
-        z = kf.new_zeros(B, math.prod(blocks), H, D).index_add_(1, ids, kf)
-        m = mix.to(acc)
-        z_mixed = torch.einsum("ij,bjhd->bihd" if m.dim() == 2 else "hij,bjhd->bihd", m, z)
-        den = (qf * z_mixed[:, ids]).sum(-1, keepdim=True) + self.core.eps
-        return (num.to(acc) / den).to(q.dtype)
-
     def _cpe(self, v, grid):
         B, N = v.shape[:2]
         x = v.reshape(B, *grid, -1).movedim(-1, 1)  # (B, inner, *grid)
@@ -128,13 +95,13 @@ class GridSelfAttnProcessor(nn.Module):
         if self.sequence_parallel is not None:  # q, k, v hold this rank's slab of whole blocks
             grid = self.sequence_parallel.grid
             o = self.sequence_parallel.attend(self.core, q, k, v)
-        elif self.rope_features and rotary_emb is not None:
-            grid = tuple(self.grids.lookup(q.shape[1]))
-            blocks, g = self._blocks(grid)
-            o = self._attend_rope_features(q, k, v, self.core.mix, g, blocks, rotary_emb)
         else:
             grid = tuple(self.grids.lookup(q.shape[1]))
-            o = self.core(q, k, v, grid)
+            rotate = None
+            if self.rope_features and rotary_emb is not None:
+                cos, sin = rotary_emb
+                rotate = lambda x: apply_wan_rotary(x, cos, sin)  # noqa: E731
+            o = self.core(q, k, v, grid, rotate=rotate)
         o = o.flatten(2)
         if self.out_norm is not None:
             o = self.out_norm(o)
