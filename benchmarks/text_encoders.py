@@ -132,6 +132,10 @@ def decode_table(args, device, dtype, shapes):
         torch.manual_seed(0)
         layers = {"mha": MultiHeadSelfAttention(hidden, heads), "mlra2": MLRAttention(hidden, heads, branches=2),
                   "mlra4": MLRAttention(hidden, heads, branches=4)}
+        if device.type == "cuda":  # the same MLRA layers with the split-K Triton kernel over the latent cache
+            for b in (2, 4):
+                layers[f"mlra{b} triton"] = MLRAttention(hidden, heads, branches=b)
+                layers[f"mlra{b} triton"].decode_backend = "triton"
         for name, layer in layers.items():
             layer = layer.to(device=device, dtype=dtype).eval()
             for batch in args.decode_batches:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.latent_decode import latent_decode
 from .cache import DecodeCache
 from .masks import sdpa_mask
 from .rope import apply_rope_tables, rope_tables
@@ -75,6 +76,9 @@ class MLRAttention(nn.Module):
         self.out_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
         # (4, 1, 4, 1) block-diagonal selector of the decode step; not saved (persistent=False)
         self.register_buffer("_latent_eye", torch.eye(LATENT_HEADS)[:, None, :, None], persistent=False)
+        # decode_step's attention over the latent cache: "torch" (the ops below) or "triton" (the
+        # split-K kernel of kernels.latent_decode, one pass over the cache)
+        self.decode_backend = "torch"
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -181,14 +185,14 @@ class MLRAttention(nn.Module):
         A decode step is launch-bound (tiny kernels), so it is written for few kernels: RoPE tables
         sliced from the cache, one RMSNorm for the 4 latent heads, and the 4 latent heads' products
         as one matmul each way through a block-diagonal query (4x the FLOPs of 4 separate products,
-        which are negligible; the cache is read once, in place)."""
+        which are negligible; the cache is read once, in place). With ``decode_backend = "triton"``
+        the attention over the cache is one split-K kernel instead (kernels.latent_decode)."""
         t = cache.length
         cos, sin = cache.tables["rope_cos"][t:t + 1, None, :], cache.tables["rope_sin"][t:t + 1, None, :]
         q_nope, q_rope = self._queries(x, cos, sin)                  # (B,1,H,d_h), (B,1,H,d_r)
         c_new, k_rope_new = self._latents(x, cos, sin)
         cache.append(latents=c_new, rope_keys=k_rope_new)
         c, k_rope = cache["latents"], cache["rope_keys"]              # (B,T,4,d_l), (B,T,d_r)
-        c_flat = c.flatten(2)                                         # (B,T,4 d_l), a view
         w_k, w_v = self._up_weights()                                 # (4, d_l, hp, d_h)
         # split the heads among latents as the branches do: (B, 4, hp, d_h)
         q_lat = q_nope[:, 0].unflatten(1, (-1, self.heads_per_latent))
@@ -197,6 +201,22 @@ class MLRAttention(nn.Module):
         else:
             q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
         q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
+        if self.decode_backend == "triton":
+            # each latent's rows with the rope query of the head they serve: (B, 4, hp, d_r)
+            q_rope_lat = self._branch_heads_to_latent(q_rope[:, 0][:, None].expand(-1, self.branches, -1, -1))
+            ctx = latent_decode(q_abs, q_rope_lat.to(q_abs.dtype), c, k_rope, self.attn_scale, backend="triton")
+        elif self.decode_backend != "torch":
+            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'torch' or 'triton'")
+        else:
+            ctx = self._latent_attention_torch(q_abs, q_rope, c, k_rope)
+        o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
+        o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
+        return self.out_proj(o.flatten(-2))[:, None]
+
+    def _latent_attention_torch(self, q_abs, q_rope, c, k_rope):
+        """Softmax attention of the absorbed queries (B, 4, hp, d_l) over the latent cache, in torch ops:
+        (B, 4, hp, d_l)."""
+        c_flat = c.flatten(2)                                         # (B,T,4 d_l), a view
         q_block = (q_abs[:, :, :, None, :] * self._latent_eye).flatten(3).flatten(1, 2)     # (B, 4hp, 4d_l)
         scores = (q_block @ c_flat.transpose(1, 2)).unflatten(1, (LATENT_HEADS, -1))        # (B, 4, hp, T)
         scores = self._latent_to_branch_heads(scores)                # (B, nb, H, T)
@@ -204,10 +224,7 @@ class MLRAttention(nn.Module):
         p = torch.softmax(scores * self.attn_scale, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
         p = self._branch_heads_to_latent(p.to(c.dtype))               # (B, 4, hp, T)
         ctx = (p.flatten(1, 2) @ c_flat).unflatten(1, (LATENT_HEADS, -1)).unflatten(-1, (LATENT_HEADS, -1))
-        ctx = torch.diagonal(ctx, dim1=1, dim2=3).movedim(-1, 1)     # latent l's own block: (B, 4, hp, d_l)
-        o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
-        o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
-        return self.out_proj(o.flatten(-2))[:, None]
+        return torch.diagonal(ctx, dim1=1, dim2=3).movedim(-1, 1)   # latent l's own block: (B, 4, hp, d_l)
 
     def _latent_to_branch_heads(self, t):
         """(B, 4, hp, ...) -> (B, nb, H, ...)."""

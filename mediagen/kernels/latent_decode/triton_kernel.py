@@ -1,0 +1,131 @@
+"""Split-K (flash-decoding) Triton kernel for ``latent_decode``.
+
+Program (b*L + l, split s) owns the rows of latent l and a contiguous slice of the T cached tokens:
+it streams that slice once, in place (the cache's own strides), with an online softmax, and writes
+its partial (max, sum, weighted latents). A few torch ops then merge the splits:
+    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,   M = max_s m_s.
+Splits spread a long context over the GPU when B*L alone would occupy few SMs (batch-1 decode).
+Scores use exp2 with log2(e) folded into the scale. Accumulation is fp32; DOT_F32 upcasts the dot
+operands (fp32 inputs, and the CPU interpreter); IEEE selects exact fp32 dots over tf32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def latent_decode_kernel(Q, QR, C, KR, ACC, ML,
+                         sqb, sql, sqr, sqd, srb, srl, srr, sre,
+                         scb, sct, scl, scd, skb, skt, ske,
+                         L, R, T, D, E, S, chunk, scale_log2,
+                         BR: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
+                         HAS_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    bl = tl.program_id(0)
+    s = tl.program_id(1)
+    b = bl // L
+    lat = bl % L
+    rows = tl.arange(0, BR)
+    dd = tl.arange(0, BD)
+    ee = tl.arange(0, BE)
+    tt = tl.arange(0, BT)
+    rmask = rows < R
+    q = tl.load(Q + b * sqb + lat * sql + rows[:, None] * sqr + dd[None, :] * sqd,
+                mask=rmask[:, None] & (dd[None, :] < D), other=0.0)
+    qr = tl.load(QR + b * srb + lat * srl + rows[:, None] * srr + ee[None, :] * sre,
+                 mask=rmask[:, None] & (ee[None, :] < E), other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+        qr = qr.to(tl.float32)
+    m = tl.full((BR,), -1.0e30, tl.float32)  # finite: a split without tokens gives no inf - inf
+    lsum = tl.zeros((BR,), tl.float32)
+    acc = tl.zeros((BR, BD), tl.float32)
+    lo = s * chunk
+    hi = tl.minimum(T, lo + chunk)
+    for t0 in range(lo, hi, BT):
+        t = t0 + tt
+        tmask = t < hi
+        c = tl.load(C + b * scb + t[:, None] * sct + lat * scl + dd[None, :] * scd,
+                    mask=tmask[:, None] & (dd[None, :] < D), other=0.0)
+        if DOT_F32:
+            c = c.to(tl.float32)
+        sc = _dot(q, tl.trans(c), IEEE)
+        if HAS_ROPE:
+            kr = tl.load(KR + b * skb + t[:, None] * skt + ee[None, :] * ske,
+                         mask=tmask[:, None] & (ee[None, :] < E), other=0.0)
+            if DOT_F32:
+                kr = kr.to(tl.float32)
+            sc += _dot(qr, tl.trans(kr), IEEE)
+        sc = tl.where(tmask[None, :], sc * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(c.dtype), c, IEEE)
+        m = m_new
+    part = bl * S + s
+    tl.store(ACC + part * BR * BD + rows[:, None] * BD + dd[None, :], acc)
+    tl.store(ML + part * 2 * BR + rows, m)
+    tl.store(ML + part * 2 * BR + BR + rows, lsum)
+
+
+# Tests set this to fill the per-split workspace with NaN before the kernel runs, so a partial result
+# the kernel forgets to write shows up.
+POISON_OUTPUTS = False
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def choose_splits(B: int, L: int, T: int, BT: int, device) -> int:
+    """Splits per (batch, latent): enough programs for about two per SM, none shorter than 4 tiles."""
+    forced = os.environ.get("MEDIAGEN_DECODE_SPLITS")
+    if forced:
+        return max(1, int(forced))
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(T, 4 * BT), triton.cdiv(2 * sms, B * L)))
+
+
+def latent_decode_triton(q_lat, q_rope, latents, rope_keys, scale: float, splits: int | None = None):
+    """The Triton path of ``latent_decode`` (shapes as there); reads every tensor in place."""
+    B, L, R, D = q_lat.shape
+    T, E = latents.shape[1], rope_keys.shape[-1]
+    BR, BD = max(16, triton.next_power_of_2(R)), max(16, triton.next_power_of_2(D))
+    BE = max(16, triton.next_power_of_2(max(E, 1)))
+    BT = 64 if BD <= 128 else 32
+    S = splits or choose_splits(B, L, T, BT, q_lat.device)
+    chunk = triton.cdiv(triton.cdiv(T, S), BT) * BT  # split length, whole tiles
+    new = (lambda *shape: torch.full(shape, float("nan"), device=q_lat.device)) if POISON_OUTPUTS else \
+        (lambda *shape: torch.empty(shape, device=q_lat.device, dtype=torch.float32))
+    acc, ml = new(B * L, S, BR, BD), new(B * L, S, 2, BR)
+    dot_f32 = q_lat.dtype == torch.float32 or _interpreting()
+    qr = q_rope if E else q_lat  # a valid pointer when there is no rope part (never read)
+    kr = rope_keys if E else latents
+    latent_decode_kernel[(B * L, S)](
+        q_lat, qr, latents, kr, acc, ml,
+        *q_lat.stride(), *qr.stride(), *latents.stride(), *rope_keys.stride(),
+        L, R, T, D, E, S, chunk, float(scale) * _LOG2E,
+        BR=BR, BD=BD, BE=BE, BT=BT, HAS_ROPE=E > 0, DOT_F32=dot_f32, IEEE=q_lat.dtype == torch.float32,
+        num_warps=4, num_stages=2)
+    m, lsum = ml[:, :, 0], ml[:, :, 1]                          # (B*L, S, BR)
+    w = torch.exp2(m - m.amax(dim=1, keepdim=True))             # empty splits: 2^(-1e30 - M) = 0
+    out = (acc * w[..., None]).sum(1) / (lsum * w).sum(1)[..., None]
+    return out[:, :R, :D].reshape(B, L, R, D).to(q_lat.dtype)
+
