@@ -49,7 +49,7 @@ def _video_tab(app: MediagenApp, d: dict):
     lim = app.limits
     with gr.Row():
         with gr.Column():
-            prompt = gr.Textbox(value="the digit 7 moving left", label="prompt")
+            prompt = gr.Textbox(value="the digit 7 moves left", label="prompt")
             negative = gr.Textbox(value="", label="negative prompt")
             attention = gr.Radio(list(ATTENTIONS), value="mhla", label="attention")
             encoder = gr.Radio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
@@ -80,7 +80,7 @@ def _compare_tab(app: MediagenApp, d: dict):
             task = gr.Radio(list(COMPARE_TASKS), value="text-to-video", label="task")
             configs = gr.CheckboxGroup(choices, value=default, label=f"configurations (≤ {lim.max_configs} with the reference)",
                                        elem_id="compare-configs")
-            prompt = gr.Textbox(value="the digit 7 moving left", label="prompt (text tasks)")
+            prompt = gr.Textbox(value="the digit 7 moves left", label="prompt (text tasks)")
             class_label = gr.Number(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})")
             with gr.Row():
                 frames = gr.Number(value=d["frames"], precision=0, label=f"frames (video, ≤ {lim.max_frames})")

@@ -1,7 +1,7 @@
 """``mediagen generate``: one image or video from a preset (random weights) or a saved folder.
 
     mediagen generate --class-label 3 --steps 20 --out digit.png      (the shipped MNIST MHLA model)
-    mediagen generate --model wan-mmnist --prompt "digit 7 moving left" --attention mhla --out clip.mp4
+    mediagen generate --task text-to-video --prompt "the digit 7 moves left" --attention mhla --out clip.mp4
     mediagen generate --model ckpt/ --task text-to-image --prompt "a seven" --out seven.png
 
 Prints the path of every file written.
