@@ -63,3 +63,29 @@ def test_generate_default_model_follows_the_task(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDIAGEN_CHECKPOINTS", str(tmp_path))        # none shipped: the presets
     assert _default_model(None) == "dit-mnist"
     assert _default_model("text-to-video") == "wan-mmnist"
+
+
+def test_generate_keeps_a_model_saved_with_the_asked_attention(tmp_path):
+    """--attention mhla on a model saved as MHLA uses it as saved (its trained Mc and options), rather
+    than converting again to fresh layers."""
+    import torch
+
+    import mediagen
+    from mediagen.models import build_transformer
+
+    model = mediagen.convert(build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], rope="features", out_norm=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2 and p.shape[0] == p.shape[1] == 4:  # the Mc matrices: far from their init
+                p.uniform_(0, 1)
+    model.save_pretrained(tmp_path / "ckpt")
+    common = ["generate", "--model", str(tmp_path / "ckpt"), "--task", "text-to-image", "--prompt", "x",
+              "--steps", "2", "--height", "8", "--width", "8", "--seed", "3"]
+    images = {}
+    for name, extra in (("saved", []), ("mhla", ["--attention", "mhla"]), ("linear", ["--attention", "linear"])):
+        out = tmp_path / f"{name}.png"
+        torch.manual_seed(0)  # the tiny preset's text encoder is built with random weights around the folder
+        assert main(common + extra + ["--out", str(out)]) == 0
+        images[name] = np.asarray(Image.open(out)).astype(int)
+    assert np.array_equal(images["mhla"], images["saved"])
+    assert not np.array_equal(images["linear"], images["saved"])

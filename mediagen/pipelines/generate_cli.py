@@ -1,7 +1,7 @@
 """``mediagen generate``: one image or video from a preset (random weights) or a saved folder.
 
     mediagen generate --class-label 3 --steps 20 --out digit.png      (the shipped MNIST MHLA model)
-    mediagen generate --task text-to-video --prompt "the digit 7 moves left" --attention mhla --out clip.mp4
+    mediagen generate --task text-to-video --prompt "the digit 7 moves left" --out clip.mp4   (video-mhla)
     mediagen generate --model ckpt/ --task text-to-image --prompt "a seven" --out seven.png
 
 Prints the path of every file written.
@@ -44,7 +44,8 @@ def register(sub):
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--attention", choices=ATTENTIONS, default=None,
-                   help="convert the self-attention first (default: as saved; presets: sdpa)")
+                   help="convert the self-attention first (default: as saved; presets: sdpa); a model saved "
+                        "with this attention is used as saved")
     p.add_argument("--blocks", default=None, help="MHLA blocks per grid axis, e.g. 4,4 or 3,5,8 (default: auto)")
     p.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: flow-euler (or as saved)")
     p.add_argument("--shift", type=float, default=3.0, help="flow-matching time shift")
@@ -68,6 +69,15 @@ def _default_model(task: str | None) -> str:
     shipped, preset = (DEFAULT_VIDEO_MODEL, "wan-mmnist") if task in ("text-to-video", "text-to-image") else \
         (DEFAULT_IMAGE_MODEL, "dit-mnist")
     return shipped if shipped_checkpoint(shipped) is not None else preset
+
+
+def _converted_as(transformer, attention: str) -> bool:
+    """Whether the model's self-attention layers already are ``attention`` (a saved converted model)."""
+    from ..models.attention_spec import layer_attentions
+    from ..models.convert import attention_spec_of
+
+    spec = attention_spec_of(transformer)
+    return spec is not None and layer_attentions(attention, len(spec.layers)) == spec.layers
 
 
 def _sizes(args, pipe, model_preset):
@@ -110,6 +120,8 @@ def run(args) -> int:
         frames = 1
     if args.attention is None and preset is not None:
         args.attention = "sdpa"
+    if args.attention is not None and not args.blocks and _converted_as(pipe.transformer, args.attention):
+        args.attention = None  # already so: converting again would replace its trained Mc and options
     if args.attention is not None:
         grid = token_grid(pipe, height, width, frames)
         blocks = _ints(args.blocks) if args.blocks else None
