@@ -17,15 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_dot import dot as _dot
+
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit

@@ -16,15 +16,8 @@ bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
 import triton
 import triton.language as tl
 
+from ..triton_dot import dot as _dot
 from .triton_common import feature, feature_grad, split_range
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
