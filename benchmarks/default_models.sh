@@ -25,6 +25,8 @@ R=${RUNS:-runs}
 DIT_MIN=${DIT_MIN:-7}; WAN_MIN=${WAN_MIN:-11}; CONV_MIN=${CONV_MIN:-3}; DISTILL_S=${DISTILL_S:-150}
 FAMILY=${FAMILY:-all}          # all, image (DiT, conversion, text encoders) or video (the Wan runs)
 WAN_GPUS=${WAN_GPUS:-"1 1 1"}  # the GPU of the sdpa, mhla and hybrid video runs
+DIT_RUNS=${DIT_RUNS:-"sdpa linear mhla"}  # DiT configs dit-mnist-<a>.yaml to train and score; add mhla-cpe
+                                          # for MHLA with the depthwise positional term (docs/RESULTS.md)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ -d .whl ] && [ -z "${MEDIAGEN_WHEELS_DONE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -51,7 +53,7 @@ export_at() {  # export_at CONFIG STEP DEST
 train_phase() {
   local dit=() wan=() distill=
   if [ "$FAMILY" != video ]; then
-    for a in sdpa linear mhla; do
+    for a in $DIT_RUNS; do
       CUDA_VISIBLE_DEVICES=0 $MG train configs/train/dit-mnist-$a.yaml train.time_limit_minutes=$DIT_MIN $QUIET \
         > "$R/logs/dit-$a.log" 2>&1 & dit+=($!)
     done
@@ -69,7 +71,7 @@ train_phase() {
     distill=$!
     wait "${dit[@]}"
     local s
-    s=$(common_step $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
+    s=$(common_step $(for a in $DIT_RUNS; do echo $R/dit-mnist-$a; done))
     echo "DiT runs done; common step $s"
     export_at configs/train/dit-mnist-sdpa.yaml "$s" "$R/dit-mnist-sdpa/pipeline-common"
     CUDA_VISIBLE_DEVICES=0 $MG train configs/train/convert-dit-mnist-mhla.yaml \
@@ -82,7 +84,7 @@ train_phase() {
 
 eval_phase() {
   local s w
-  s=$(common_step $R/dit-mnist-sdpa $R/dit-mnist-linear $R/dit-mnist-mhla)
+  s=$(common_step $(for a in $DIT_RUNS; do echo $R/dit-mnist-$a; done))
   w=$(common_step $R/wan-mmnist-sdpa $R/wan-mmnist-mhla $R/wan-mmnist-hybrid)
   echo "{\"dit_step\": $s, \"wan_step\": $w}" > "$R/eval/steps.json"
   python3 -c "
@@ -92,7 +94,7 @@ print('\n'.join(clip_caption([d], [m]) for _ in range(3) for d in range(10) for 
     export CUDA_VISIBLE_DEVICES=0
     [ "$FAMILY" != video ] || exit 0
     [ "$s" -gt 0 ] || { echo "the image runs share no checkpoint step: nothing to evaluate"; exit 0; }
-    for a in sdpa linear mhla; do
+    for a in $DIT_RUNS; do
       export_at configs/train/dit-mnist-$a.yaml "$s" "$R/dit-mnist-$a/pipeline-common"
       $MG fid --checkpoint "$R/dit-mnist-$a/pipeline-common" --features mnist --num-samples 10000 --batch-size 1000 \
         --steps 30 --guidance 2.0 --save-samples "$R/eval/samples-dit-$a.npz" --out "$R/eval/fid-dit-$a.json" --quiet
@@ -141,7 +143,7 @@ import shutil, sys
 from pathlib import Path
 from mediagen.pipelines.shipping import save_shipped_pipeline
 runs, ship = Path(sys.argv[1]), Path(sys.argv[2])
-for family, prefix, names, encoder in (("image", "dit-mnist", ("sdpa", "linear", "mhla"), None),
+for family, prefix, names, encoder in (("image", "dit-mnist", ("sdpa", "linear", "mhla", "mhla-cpe"), None),
                                        ("video", "wan-mmnist", ("sdpa", "mhla", "hybrid"), "minilm")):
     for name in names:
         src = runs / f"{prefix}-{name}" / "pipeline-common"
