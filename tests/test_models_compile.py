@@ -10,7 +10,6 @@ from models_fixtures import dit_inputs, tiny_dit, tiny_wan, wan_inputs
 
 import mediagen
 import mediagen.attention.mhla as attention_mhla
-import mediagen.models.processors as processors
 
 
 def opaque_mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None):
@@ -24,7 +23,6 @@ def graph_breaks(model, inputs):
 
 def test_processors_compile_without_graph_breaks(monkeypatch):
     monkeypatch.setattr(attention_mhla, "mhla", opaque_mhla)
-    monkeypatch.setattr(processors, "mhla", opaque_mhla)
     torch._dynamo.reset()
     wan = mediagen.convert(tiny_wan(num_layers=2), "wan-mhla-h", blocks=[1, 2, 2], rope="features", out_norm=True,
                            out_gate=True, cpe_kernel=3)
