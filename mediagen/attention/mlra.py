@@ -201,14 +201,14 @@ class MLRAttention(nn.Module):
         else:
             q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
         q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
-        if self.decode_backend == "triton":
+        if self.decode_backend == "torch":
+            ctx = self._latent_attention_torch(q_abs, q_rope, c, k_rope)
+        elif self.decode_backend == "triton":
             # each latent's rows with the rope query of the head they serve: (B, 4, hp, d_r)
             q_rope_lat = self._branch_heads_to_latent(q_rope[:, 0][:, None].expand(-1, self.branches, -1, -1))
-            ctx = latent_decode(q_abs, q_rope_lat.to(q_abs.dtype), c, k_rope, self.attn_scale, backend="triton")
-        elif self.decode_backend != "torch":
-            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'torch' or 'triton'")
+            ctx = latent_decode(q_abs, q_rope_lat, c, k_rope, self.attn_scale, backend="triton")
         else:
-            ctx = self._latent_attention_torch(q_abs, q_rope, c, k_rope)
+            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'torch' or 'triton'")
         o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
         o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
         return self.out_proj(o.flatten(-2))[:, None]

@@ -82,6 +82,12 @@ def latent_decode_kernel(Q, QR, C, KR, ACC, ML,
 POISON_OUTPUTS = False
 
 
+def _workspace(shape, device) -> torch.Tensor:
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), device=device)
+    return torch.empty(shape, device=device, dtype=torch.float32)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -106,9 +112,7 @@ def latent_decode_triton(q_lat, q_rope, latents, rope_keys, scale: float, splits
     BT = 64 if BD <= 128 else 32
     S = splits or choose_splits(B, L, T, BT, q_lat.device)
     chunk = triton.cdiv(triton.cdiv(T, S), BT) * BT  # split length, whole tiles
-    new = (lambda *shape: torch.full(shape, float("nan"), device=q_lat.device)) if POISON_OUTPUTS else \
-        (lambda *shape: torch.empty(shape, device=q_lat.device, dtype=torch.float32))
-    acc, ml = new(B * L, S, BR, BD), new(B * L, S, 2, BR)
+    acc, ml = _workspace((B * L, S, BR, BD), q_lat.device), _workspace((B * L, S, 2, BR), q_lat.device)
     dot_f32 = q_lat.dtype == torch.float32 or _interpreting()
     qr = q_rope if E else q_lat  # a valid pointer when there is no rope part (never read)
     kr = rope_keys if E else latents
