@@ -18,7 +18,8 @@
 # tree travels with a 64 MiB limit: the shipped checkpoints (59 MB) plus MiniLM (45 MB) exceed it, so
 # move mediagen/checkpoints aside for the call (what eval needs of it, text-mlra/text-hla, 16 MB,
 # can travel in a later call of its own: point TEXT_ENCODERS at its folder for eval) and restore it
-# afterwards.
+# afterwards. A call returns at most 8 files of 16 MiB from $OUT: copy the pack folder's parts (15 MB
+# each), not loose result files.
 set -u
 phase=${1:-all}
 R=${RUNS:-runs}
