@@ -1,7 +1,7 @@
 """Attention benchmark on the GPU: Triton MHLA (both algorithms), the plain-PyTorch reference and
 every SDPA backend, forward and forward+backward, at DESIGN.md's shapes, in one run.
 
-    python benchmarks/attention.py [--out benchmarks/attention-latest.md]
+    python benchmarks/attention.py [--out benchmarks/attention-latest.md] [--shapes Wan,SANA] [--methods "mhla triton,cudnn"]
 
 "fwd ms" is eager (Python launch overhead included); "CUDA graph" replays the captured forward, the
 kernels' own time. benchmarks/sweep_mhla.py tunes the kernels' launch settings.
@@ -22,11 +22,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--shapes", default="", help="comma list of substrings of shape names (default: all)")
+    ap.add_argument("--methods", default="", help="comma list of substrings of method names (default: all)")
     args = ap.parse_args()
+    wanted = [w for w in args.shapes.split(",") if w]
+    shapes = [s for s in GPU_SHAPES if not wanted or any(w in s.name for w in wanted)]
+    if not shapes:
+        ap.error(f"--shapes {args.shapes!r} matches none of {[s.name for s in GPU_SHAPES]}")
+    methods = [m for m in args.methods.split(",") if m] or None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     rows = []
-    for shape in GPU_SHAPES:  # one shape at a time, so a time limit keeps the shapes already done
-        new, bw = bench_attention("cuda", dtype, shapes=[shape])
+    for shape in shapes:  # one shape at a time, so a time limit keeps the shapes already done
+        new, bw = bench_attention("cuda", dtype, shapes=[shape], methods=methods,
+                                  reference=methods is None or any("reference" in m for m in methods))
         rows += new
         head = (f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
                 f"{args.dtype} · copy bandwidth {bw / 1e12:.2f} TB/s (read+write)\n"

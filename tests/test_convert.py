@@ -11,7 +11,7 @@ from models_fixtures import (capture_attn1, dit_inputs, dit_qkv, tiny_dit, tiny_
 import mediagen
 from mediagen.kernels import mhla_reference
 from mediagen.models import MHLADiTTransformer2DModel, MHLAWanTransformer3DModel, auto_blocks, load_transformer
-from mediagen.models.processors import WanMHLAProcessor, apply_wan_rotary
+from mediagen.models.processors import WanMHLAProcessor
 
 
 def run(model, inputs):
@@ -63,6 +63,14 @@ def test_dit_mhla_layers_equal_reference_on_their_qkv():
     _check_layers_match_reference(model, dit_inputs(), dit_qkv, (4, 4), (2, 3), "transformer_blocks")
 
 
+def wan_rotary(x, cos, sin):
+    """diffusers' Wan rotary embedding (transformer_wan.apply_rotary_emb), the oracle of the rotation:
+    x (B, N, H, D), tables (1, N, 1, D); channel pairs (2i, 2i+1) rotate by angle i."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+
+
 def test_rope_features_match_dense_oracle():
     """rope='features': numerator on rotated features, denominator un-rotated (official Wan code)."""
     model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[1, 2, 2], rope="features")
@@ -71,7 +79,7 @@ def test_rope_features_match_dense_oracle():
     attn, x, out, (cos, sin) = records[0]
     q, k, v = (t.double() for t in wan_qkv(attn, x))
     qf, kf = q.relu(), k.relu()
-    qr, kr = apply_wan_rotary(qf, cos.double(), sin.double()), apply_wan_rotary(kf, cos.double(), sin.double())
+    qr, kr = wan_rotary(qf, cos.double(), sin.double()), wan_rotary(kf, cos.double(), sin.double())
     mix = attn.processor.core.mix
     num = mhla_dense(qr, kr, v, mix, (3, 4, 4), (1, 2, 2), normalize=False)
     den = mhla_dense(qf, kf, torch.ones_like(v), mix, (3, 4, 4), (1, 2, 2), normalize=False)

@@ -143,20 +143,15 @@ def test_attention_stats_video_clip_size(tmp_path):
 
 
 def _random_rotation(n, d, seed):
-    """A RoPE-like map on (B, N, H, D): channel pairs of token t rotate by t-dependent angles."""
+    """RoPE-like tables (cos, sin) (N, D/2): channel pairs of token t rotate by t-dependent angles."""
     g = torch.Generator().manual_seed(seed)
-    angle = torch.rand(n, d // 2, generator=g, dtype=torch.float64) * 6.3
-    c, s = angle.cos()[None, :, None], angle.sin()[None, :, None]
-
-    def rotate(x):
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    return rotate
+    angle = torch.rand(n, d // 2, generator=g) * 6.3
+    return angle.cos(), angle.sin()
 
 
 @pytest.mark.parametrize("per_head", [False, True])
 def test_rotated_mhla_matrix_is_the_layer(per_head):
-    """With RoPE on the features, A @ v is what the MHLA module computes with the same ``rotate``
+    """With RoPE on the features, A @ v is what the MHLA module computes with the same ``rope``
     (numerator rotated, denominator not), and the matrix has signed entries: no entropy."""
     grid, blocks, d, heads = (4, 6), (2, 3), 16, 2
     q, k, v = _qkv(24, d, heads=heads, seed=3)
@@ -164,16 +159,16 @@ def test_rotated_mhla_matrix_is_the_layer(per_head):
     layer = MHLAttention(blocks, heads=heads if per_head else None)
     with torch.no_grad():
         layer.mix.uniform_(0.1, 1.0)
-    rotate = _random_rotation(24, d, seed=4)
-    A = attention_matrix(layer, q, k, grid, rotate)
+    rope = _random_rotation(24, d, seed=4)
+    A = attention_matrix(layer, q, k, grid, rope)
     got = (A @ v.double().transpose(1, 2)).transpose(1, 2)
-    torch.testing.assert_close(got.float(), layer(q, k, v, grid, rotate=rotate), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.float(), layer(q, k, v, grid, rope=rope), rtol=1e-4, atol=1e-5)
     assert not torch.allclose(A, attention_matrix(layer, q, k, grid))  # the rotation matters
     s = attention_stats(A)
     assert (A < 0).any() and s["entropy_mean"] is None and s["rank_mean"] <= 6 * d
     lin = LinearAttention(2)
-    got = (attention_matrix(lin, q, k, grid, rotate) @ v.double().transpose(1, 2)).transpose(1, 2)
-    torch.testing.assert_close(got.float(), lin(q, k, v, grid, rotate=rotate), rtol=1e-4, atol=1e-5)
+    got = (attention_matrix(lin, q, k, grid, rope) @ v.double().transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(got.float(), lin(q, k, v, grid, rope=rope), rtol=1e-4, atol=1e-5)
 
 
 def test_recorder_records_rope_feature_layers(tmp_path):
@@ -198,7 +193,7 @@ def test_recorder_records_rope_feature_layers(tmp_path):
     assert stats and set(stats) == set(outs)
     assert all(s["kind"] == "MHLAttention+rope" and s["tokens"] == 3 * 8 * 8 for s in stats.values())
     name, (args, kw, out) = next(iter(outs.items()))
-    mod, q, k, grid, rotate = rec.records[name]
-    A = attention_matrix(mod, q, k, grid, rotate).float()
+    mod, q, k, grid, rope = rec.records[name]
+    A = attention_matrix(mod, q, k, grid, rope).float()
     v = args[2].float()
     torch.testing.assert_close((A @ v.transpose(1, 2)).transpose(1, 2), out.float(), rtol=1e-3, atol=1e-4)

@@ -114,3 +114,52 @@ def test_bad_options_raise():
         mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], scale=2.0)
     with pytest.raises(ValueError, match="backend='cuda'"):
         mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], backend="cuda")
+
+
+def _complex_rotate(x, angle):
+    """Channel pairs (2j, 2j+1) of x (B, N, H, D) as complex numbers times exp(i * angle[t, j])."""
+    z = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)[None, :, None, :]).flatten(-2)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_reference_rope_rotates_the_numerator_only(per_head, normalize):
+    """rope=(cos, sin): numerator on rotated features, denominator on un-rotated ones, against the
+    dense oracle built from an independent (complex-number) rotation."""
+    grid, blocks, B, H, D = (3, 4, 5), (1, 2, 2), 2, 2, 8
+    M = math.prod(blocks)
+    q, k, v = rand_inputs(B, grid, H, D, positive=False)
+    angle = torch.rand(math.prod(grid), D // 2, dtype=torch.float64) * 6.3
+    mix = torch.rand((H, M, M) if per_head else (M, M), dtype=torch.float64)
+    scale = None if normalize else 0.37
+    got = mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, scale=scale, feature_map="relu",
+                         rope=(angle.cos(), angle.sin()))
+    qf, kf = q.relu(), k.relu()
+    num = mhla_dense(_complex_rotate(qf, angle), _complex_rotate(kf, angle), v, mix, grid, blocks, normalize=False)
+    if normalize:
+        den = mhla_dense(qf, kf, torch.ones_like(v), mix, grid, blocks, normalize=False)
+        want = num / (den + 1e-6)
+    else:
+        want = num * scale
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    plain = mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, scale=scale, feature_map="relu")
+    assert (got - plain).abs().max() > 1e-3  # the rotation changes the result
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_bad_rope_raises_value_error(backend):
+    a = _ok()
+    N, D = 12, 16
+    cases = [
+        ((torch.rand(N, D), torch.rand(N, D)), r"rope cos must be .* shape \(N, D/2\)=\(12, 8\)"),
+        ((torch.rand(N, D // 2),), "pair"),
+        ((torch.rand(N, D // 2), torch.zeros(N, D // 2, dtype=torch.int64)), "rope sin"),
+    ]
+    for rope, message in cases:
+        with pytest.raises(ValueError, match=message):
+            mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], backend=backend, rope=rope)
+    odd = torch.rand(1, 12, 2, 17)
+    with pytest.raises(ValueError, match="even head dim"):
+        mhla(odd, odd, odd, a["mix"], a["grid"], a["blocks"], backend=backend,
+             rope=(torch.rand(N, 8), torch.rand(N, 8)))

@@ -148,20 +148,26 @@ def test_real_sizes_on_gpu(B, grid, H, D, blocks, dtype):
             assert rel_err(a, b) < TOL[dtype], (algorithm, name)
 
 
-@pytest.mark.parametrize("setting,value", [("dense", "onehot"), ("apply", "lowp")])
+@pytest.mark.parametrize("setting,value", [("dense", "onehot"), ("apply", "lowp"), ("query_grad", "lowp"),
+                                           ("key_grad", "lowp")])
 def test_alternative_kernel_paths(device, monkeypatch, setting, value):
     """The dense kernel's gathered block weights (used when M > 128) and, on a GPU, the chunked
-    apply in the input dtype, against the reference."""
+    kernels' products in the input dtype, against the reference (forward and backward)."""
     cfg = dict(triton_op.KERNEL_CONFIGS[setting])
     cfg[value] = not cfg.get(value, False)
     monkeypatch.setitem(triton_op.KERNEL_CONFIGS, setting, cfg)
-    dtype = torch.bfloat16 if setting == "apply" else torch.float32
+    dtype = torch.float32 if setting == "dense" else torch.bfloat16
     grid, blocks = (5, 9), (2, 3)
     q, k, v = make(2, grid, 2, 24, dtype, device, "elu1")
     mix = torch.rand(2, 6, 6, device=device)
-    o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="elu1", algorithm="dense" if setting == "dense" else "chunked")
-    r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="elu1")
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, feature_map="elu1", algorithm="dense" if setting == "dense" else "chunked")
+    r = mhla_reference(*refs, grid, blocks, feature_map="elu1")
     assert rel_err(o, r) < TOL[dtype]
+    g = torch.randn_like(o)
+    for name, a, b in zip("qkvm", torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
+        assert rel_err(a, b) < TOL[dtype], name
 
 
 def test_several_column_tiles(device, monkeypatch):
@@ -180,3 +186,103 @@ def test_several_column_tiles(device, monkeypatch):
     g = torch.randn_like(o)
     for a, b in zip(torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
         assert rel_err(a, b) < 1e-4
+
+
+def rope_tables(N, D, device, dtype=torch.float32):
+    """Random angle tables as the Wan processor passes them: strided (N, D/2) views of (1, N, 1, D)
+    tables that repeat each angle for its channel pair."""
+    angle = torch.rand(N, D // 2, device=device) * 6.3
+    cos = angle.cos().repeat_interleave(2, -1)[None, :, None].to(dtype)
+    sin = angle.sin().repeat_interleave(2, -1)[None, :, None].to(dtype)
+    return cos[0, :, 0, 0::2], sin[0, :, 0, 1::2]
+
+
+ROPE_CASES = [  # grid, blocks, D, algorithm, splits, normalize, per-head mix, feature map
+    ((3, 5, 7), (2, 2, 3), 16, "chunked", 1, True, True, "relu"),
+    ((7, 9), (3, 2), 24, "dense", 1, True, False, "elu1"),
+    ((45,), (4,), 40, "chunked", 3, False, False, "elu1"),
+]
+
+
+@pytest.mark.parametrize("grid,blocks,D,algorithm,splits,normalize,per_head,fmap", ROPE_CASES)
+def test_rope_forward_and_backward_match_reference(device, grid, blocks, D, algorithm, splits, normalize,
+                                                   per_head, fmap):
+    """RoPE on the numerator's features, fused into the kernels, against the fp64 reference."""
+    B, H, M, N = 2, 2, math.prod(blocks), math.prod(grid)
+    q, k, v = make(B, grid, H, D, torch.float32, device, fmap)
+    mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
+    cos, sin = rope_tables(N, D, device)
+    scale = None if normalize else 0.05
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, normalize=normalize, feature_map=fmap, scale=scale,
+                    algorithm=algorithm, splits=splits, rope=(cos, sin))
+    r = mhla_reference(*refs, grid, blocks, normalize=normalize, feature_map=fmap, scale=scale,
+                       rope=(cos.double(), sin.double()))
+    assert rel_err(o, r) < 1e-4
+    plain = mhla_reference(*refs, grid, blocks, normalize=normalize, feature_map=fmap, scale=scale)
+    assert rel_err(plain, r) > 0.1  # the rotation matters at these sizes
+    g = torch.randn_like(o)
+    for name, a, b in zip("q k v mix".split(), torch.autograd.grad(o, inputs, g),
+                          torch.autograd.grad(r, refs, g.double())):
+        assert rel_err(a, b) < 1e-4, name
+
+
+def test_rope_with_several_column_tiles(device, monkeypatch):
+    """Gradients rotated back per column tile (pairs inside a tile) when D spans several tiles."""
+    for name, cfg in triton_op.KERNEL_CONFIGS.items():
+        if "TILE" in cfg:
+            monkeypatch.setitem(triton_op.KERNEL_CONFIGS, name, dict(cfg, TILE=16))
+    grid, blocks, D = (4, 7), (2, 3), 40
+    q, k, v = make(1, grid, 2, D, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    cos, sin = rope_tables(28, D, device)
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="chunked", rope=(cos, sin))
+    r = mhla_reference(*refs, grid, blocks, feature_map="relu", rope=(cos.double(), sin.double()))
+    assert rel_err(o, r) < 1e-4
+    g = torch.randn_like(o)
+    for a, b in zip(torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
+        assert rel_err(a, b) < 1e-4
+
+
+def test_rope_custom_op_and_compile(device):
+    """The op's schema takes the tables (opcheck) and a compiled layer with RoPE has no graph break."""
+    grid, blocks, D = (3, 4), (1, 2), 16
+    q, k, v = make(1, grid, 1, D, torch.float32, device, "relu")
+    mix = torch.rand(2, 2, device=device, requires_grad=True)
+    cos, sin = (t.contiguous() for t in rope_tables(12, D, device))
+    args = (q.requires_grad_(), k, v, mix, [3, 4], [1, 2], True, 1e-6, "relu", 1.0, "chunked", 1, cos, sin)
+    torch.library.opcheck(torch.ops.mediagen.mhla_fwd.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    compiled = torch.compile(lambda q, k, v, m: mhla(q, k, v, m, grid, blocks, feature_map="relu",
+                                                     backend="triton", rope=(cos, sin)).sum(),
+                             fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v, mix)
+    loss.backward()
+    want = mhla_reference(q.double(), k.double(), v.double(), mix.detach().double(), grid, blocks,
+                          feature_map="relu", rope=(cos.double(), sin.double())).sum()
+    assert abs(loss.item() - want.item()) < 1e-4 * abs(want.item())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="real sizes need a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_real_size_on_gpu(dtype):
+    """Wan 480p-like (12 x 128, 21 x 30 x 52 tokens), tables in the model's fp32, both algorithms at 2,048 tokens."""
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for grid, blocks, algorithms in (((21, 30, 52), (3, 5, 4), ("chunked",)), ((8, 16, 16), (2, 2, 2), ("chunked", "dense"))):
+        q, k, v = make(1, grid, 12, 128, dtype, device, "relu")
+        M, N = math.prod(blocks), math.prod(grid)
+        mix = torch.rand(M, M, device=device)
+        cos, sin = rope_tables(N, 128, device)
+        for algorithm in algorithms:
+            inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+            refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+            o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm=algorithm, rope=(cos, sin))
+            r = mhla_reference(*refs, grid, blocks, feature_map="relu", rope=(cos.double(), sin.double()))
+            assert rel_err(o, r) < TOL[dtype], algorithm
+            g = torch.randn_like(o)
+            for name, a, b in zip("qkvm", torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
+                assert rel_err(a, b) < TOL[dtype], (algorithm, name)

@@ -12,8 +12,12 @@ import mediagen
 import mediagen.attention.mhla as attention_mhla
 
 
-def opaque_mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None):
-    return (q.relu() + k.relu() + v) * mix.sum()
+def opaque_mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None,
+                rope=None):
+    out = (q.relu() + k.relu() + v) * mix.sum()
+    if rope is not None:  # the tables reach the op (Wan with rope="features")
+        out = out + rope[0].sum() * rope[1].sum()
+    return out
 
 
 def graph_breaks(model, inputs):

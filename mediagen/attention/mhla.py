@@ -8,22 +8,22 @@ a sigmoid reparametrisation keeps the initial zeros (farthest blocks) representa
 
 Global linear attention is the M = 1 case of the same code (``LinearAttention``).
 
-Both take an optional ``rotate``, a map applied to the features phi(q), phi(k) of the numerator only
-(a model's RoPE; the official Wan MHLA code rotates after the feature map and keeps the denominator
-un-rotated):
+Both take an optional ``rope=(cos, sin)``, angle tables (N, D/2) that rotate the features phi(q),
+phi(k) of the numerator only (a model's RoPE; the official Wan MHLA code rotates after the feature map
+and keeps the denominator un-rotated), fused into the kernels (``mediagen.kernels.mhla.rotation``):
     o_t = R(phi(q_t))^T S~^R_i(t) / (phi(q_t)^T z~_i(t) + eps),   S^R_b = sum_{s in b} R(phi(k_s)) v_s^T
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from ..kernels import mhla, token_block_ids
-from ..kernels.mhla.checks import FEATURE_MAPS, feature
+from ..kernels import mhla
+from ..kernels.mhla.checks import FEATURE_MAPS
 
 
 def block_centres(blocks: Sequence[int]) -> torch.Tensor:
@@ -39,27 +39,6 @@ def locality_mix(blocks: Sequence[int]) -> torch.Tensor:
     far = dist.max(dim=1, keepdim=True).values
     w = torch.where(far > 0, 1.0 - dist / far.clamp_min(1e-12), torch.ones_like(dist))
     return (w / w.sum(dim=1, keepdim=True)).float()
-
-
-def rotated_feature_mhla(q, k, v, mix, grid, blocks, rotate: Callable, *, feature_map: str = "relu",
-                        normalize: bool = True, eps: float = 1e-6, scale: float | None = None,
-                        block_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """MHLA with ``rotate`` applied to the numerator's features only (module docstring). The
-    numerator is the MHLA kernel on the rotated features (normalize=False); the denominator is
-    phi(q_t) . sum_b m_{i(t) b} z_b from the un-rotated key sums. ``block_ids``: the token -> block
-    map of (grid, blocks) when the caller caches it."""
-    acc = torch.float32 if q.dtype != torch.float64 else q.dtype
-    qf, kf = feature(q.to(acc), feature_map), feature(k.to(acc), feature_map)
-    qr, kr = rotate(qf).to(q.dtype), rotate(kf).to(q.dtype)
-    num = mhla(qr, kr, v, mix.to(q.device), grid, blocks, normalize=False, feature_map=None)
-    if not normalize:
-        return num * (1.0 if scale is None else scale)
-    ids = token_block_ids(tuple(grid), tuple(blocks), q.device) if block_ids is None else block_ids
-    z = kf.new_zeros(q.shape[0], math.prod(blocks), *q.shape[2:]).index_add_(1, ids, kf)  # (B, M, H, D)
-    m = mix.to(device=q.device, dtype=acc)
-    z_mixed = torch.einsum("ij,bjhd->bihd" if m.dim() == 2 else "hij,bjhd->bihd", m, z)
-    den = (qf * z_mixed[:, ids]).sum(-1, keepdim=True) + eps
-    return (num.to(acc) / den).to(q.dtype)
 
 
 class MHLAttention(nn.Module):
@@ -89,32 +68,24 @@ class MHLAttention(nn.Module):
         if heads is not None:
             mix = mix.expand(heads, -1, -1).clone()
         self.mix = nn.Parameter(mix)
-        self._ids_cache: dict = {}
 
     @property
     def num_blocks(self) -> int:
         return math.prod(self.blocks)
 
-    def forward(self, q, k, v, grid: Sequence[int], rotate: Callable | None = None):
-        """q, k, v: (B, N, H, D) with N = prod(grid); returns (B, N, H, D). ``rotate``: see the module
-        docstring (None: plain MHLA)."""
+    def forward(self, q, k, v, grid: Sequence[int], rope=None):
+        """q, k, v: (B, N, H, D) with N = prod(grid); returns (B, N, H, D). ``rope``: (cos, sin) tables
+        of shape (N, D/2), see the module docstring (None: plain MHLA)."""
         grid = tuple(int(g) for g in grid)
         if len(grid) != len(self.blocks):
             raise ValueError(f"grid={grid} has {len(grid)} axes but this layer's blocks={self.blocks} "
                              f"has {len(self.blocks)}")
-        return self._attend(q, k, v, self.mix, grid, self.blocks, rotate)
+        return self._attend(q, k, v, self.mix, grid, self.blocks, rope)
 
-    def _attend(self, q, k, v, mix, grid, blocks, rotate):
+    def _attend(self, q, k, v, mix, grid, blocks, rope):
         scale = self.scale if not self.normalize else None
-        if rotate is None:
-            return mhla(q, k, v, mix, grid, blocks, normalize=self.normalize, eps=self.eps,
-                        feature_map=self.feature_map, scale=scale)
-        key = (grid, blocks, str(q.device))
-        if key not in self._ids_cache:
-            self._ids_cache[key] = token_block_ids(grid, blocks, q.device)
-        return rotated_feature_mhla(q, k, v, mix, grid, blocks, rotate, feature_map=self.feature_map,
-                                    normalize=self.normalize, eps=self.eps, scale=scale,
-                                    block_ids=self._ids_cache[key])
+        return mhla(q, k, v, mix, grid, blocks, normalize=self.normalize, eps=self.eps,
+                    feature_map=self.feature_map, scale=scale, rope=rope)
 
     @torch.no_grad()
     def clip_mix_(self):
@@ -133,8 +104,8 @@ class LinearAttention(MHLAttention):
         super().__init__((1,) * ndim, **kwargs)
         self.mix.requires_grad_(False)
 
-    def forward(self, q, k, v, grid: Sequence[int] | None = None, rotate: Callable | None = None):
-        return self._attend(q, k, v, self.mix.to(q.device), (q.shape[1],), (1,), rotate)
+    def forward(self, q, k, v, grid: Sequence[int] | None = None, rope=None):
+        return self._attend(q, k, v, self.mix.to(q.device), (q.shape[1],), (1,), rope)
 
 
 def clip_mixes_(model: nn.Module) -> None:

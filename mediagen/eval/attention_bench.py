@@ -7,6 +7,7 @@ The memory floor of one attention forward is reading q, k, v and writing o once:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -102,10 +103,8 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
         q, k, v = (torch.randn(B, N, H, D, device=device, dtype=dtype, generator=gen) for _ in range(3))
         mix = locality_mix(shape.blocks).to(device)
         floor_bytes = 4 * B * N * H * D * q.element_size()
-        cands = {}
+        cands, settings = {}, {}
         if device.type == "cuda":
-            from ..kernels.mhla import triton_op
-
             cands["mhla triton"] = lambda q, k, v: mhla(q, k, v, mix, shape.grid, shape.blocks,
                                                         feature_map="relu", backend="triton")
             if N <= 4096:
@@ -114,16 +113,20 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
                         q, k, v, mix, shape.grid, shape.blocks, feature_map="relu", backend="triton",
                         algorithm=a))(algo)
 
-            def lowp(q, k, v):  # chunked forward with the apply product in the input dtype
-                triton_op.KERNEL_CONFIGS["apply"]["lowp"] = True
-                try:
-                    return mhla(q, k, v, mix, shape.grid, shape.blocks, feature_map="relu", backend="triton",
-                                algorithm="chunked")
-                finally:
-                    triton_op.KERNEL_CONFIGS["apply"]["lowp"] = False
+            def chunked(q, k, v):
+                return mhla(q, k, v, mix, shape.grid, shape.blocks, feature_map="relu", backend="triton",
+                            algorithm="chunked")
 
-            if dtype != torch.float32:
-                cands["mhla triton chunked, low-precision apply"] = lowp
+            if dtype != torch.float32:  # products in the input dtype (KERNEL_CONFIGS "lowp"), whole row
+                cands["mhla triton chunked, low-precision apply"] = chunked
+                settings["mhla triton chunked, low-precision apply"] = ("apply",)
+                cands["mhla triton chunked, low-precision apply + backward"] = chunked
+                settings["mhla triton chunked, low-precision apply + backward"] = ("apply", "query_grad", "key_grad")
+            if D % 2 == 0:  # RoPE on the numerator's features (Wan's rope="features"), fp32 angle tables
+                angle = torch.rand(N, D // 2, device=device, generator=gen) * 6.3
+                tables = (angle.cos(), angle.sin())
+                cands["mhla triton rope"] = lambda q, k, v: mhla(q, k, v, mix, shape.grid, shape.blocks,
+                                                                 feature_map="relu", backend="triton", rope=tables)
         if reference:
             cands["mhla reference (fp32)"] = lambda q, k, v: mhla_reference(q, k, v, mix, shape.grid,
                                                                            shape.blocks, feature_map="relu")
@@ -134,39 +137,64 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
         if methods:
             cands = {k_: f for k_, f in cands.items() if any(m in k_ for m in methods)}
         for name, fn in cands.items():
-            row = {"shape": shape.name, "B": B, "N": N, "heads": f"{H}x{D}", "method": name,
-                   "floor_ms": floor_bytes / bandwidth * 1e3}
-            try:
-                row["fwd_ms"] = timer(lambda: fn(q, k, v))
-                row["GB/s"] = floor_bytes / (row["fwd_ms"] / 1e3) / 1e9
-            except Exception as err:  # a backend that refuses a shape (e.g. head dim 72)
-                row["fwd_ms"] = None
-                row["note"] = type(err).__name__ + ": " + str(err).splitlines()[0][:60]
-            if device.type == "cuda" and row.get("fwd_ms") is not None:  # kernels without launch overhead
-                import triton.testing
-
-                try:
-                    row["fwd_graph_ms"] = triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=rep_ms,
-                                                                            return_mode="median")
-                except Exception as err:  # the reference copies index lists to the GPU: not capturable
-                    row["note"] = "no CUDA graph: " + type(err).__name__
-            if backward and row.get("fwd_ms") is not None:
-                qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-                g = torch.randn_like(q)
-
-                def fwd_bwd():
-                    out = fn(qg, kg, vg)
-                    torch.autograd.grad(out, (qg, kg, vg), g.transpose(1, 2) if out.shape != g.shape else g)
-
-                try:
-                    row["fwd_bwd_ms"] = timer(fwd_bwd)
-                except Exception as err:
-                    row["fwd_bwd_ms"] = None
-                    row["note"] = "bwd: " + type(err).__name__
-            rows.append(row)
+            with _lowp_kernels(settings.get(name, ())):
+                rows.append(_measure(name, fn, q, k, v, shape, floor_bytes, bandwidth, timer, device, backward,
+                                     rep_ms))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows, bandwidth
+
+
+@contextlib.contextmanager
+def _lowp_kernels(names):
+    """Turn on the low-precision products of the named MHLA kernels for the duration."""
+    if not names:
+        yield
+        return
+    from ..kernels.mhla import triton_op
+
+    saved = {n: dict(triton_op.KERNEL_CONFIGS[n]) for n in names}
+    for n in names:
+        triton_op.KERNEL_CONFIGS[n] = dict(saved[n], lowp=True)
+    try:
+        yield
+    finally:
+        triton_op.KERNEL_CONFIGS.update(saved)
+
+
+def _measure(name, fn, q, k, v, shape, floor_bytes, bandwidth, timer, device, backward, rep_ms):
+    """One table row: forward (eager and graph) and forward+backward times of ``fn``."""
+    B, N, H, D = q.shape
+    row = {"shape": shape.name, "B": B, "N": N, "heads": f"{H}x{D}", "method": name,
+           "floor_ms": floor_bytes / bandwidth * 1e3}
+    try:
+        row["fwd_ms"] = timer(lambda: fn(q, k, v))
+        row["GB/s"] = floor_bytes / (row["fwd_ms"] / 1e3) / 1e9
+    except Exception as err:  # a backend that refuses a shape (e.g. head dim 72)
+        row["fwd_ms"] = None
+        row["note"] = type(err).__name__ + ": " + str(err).splitlines()[0][:60]
+    if device.type == "cuda" and row.get("fwd_ms") is not None:  # kernels without launch overhead
+        import triton.testing
+
+        try:
+            row["fwd_graph_ms"] = triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=rep_ms,
+                                                                    return_mode="median")
+        except Exception as err:  # the reference copies index lists to the GPU: not capturable
+            row["note"] = "no CUDA graph: " + type(err).__name__
+    if backward and row.get("fwd_ms") is not None:
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        g = torch.randn_like(q)
+
+        def fwd_bwd():
+            out = fn(qg, kg, vg)
+            torch.autograd.grad(out, (qg, kg, vg), g.transpose(1, 2) if out.shape != g.shape else g)
+
+        try:
+            row["fwd_bwd_ms"] = timer(fwd_bwd)
+        except Exception as err:
+            row["fwd_bwd_ms"] = None
+            row["note"] = "bwd: " + type(err).__name__
+    return row
 
 
 def markdown_table(rows) -> str:

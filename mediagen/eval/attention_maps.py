@@ -9,7 +9,7 @@ All q, k are (B, N, H, D); matrices come back (B, H, N, N) in float64, each row 
 - MHLA:    A[t, s] = m_{i(t), i(s)} phi(q_t).phi(k_s) / (sum_s' of the same + eps), i(t) the block
   of token t (the dense form of the MHLA kernel). Rank at most M * D: each block of key columns
   contributes a factor of rank <= D.
-- With RoPE on the features (``rotate``, Wan's rope="features") the numerator's phi(q_t).phi(k_s)
+- With RoPE on the features (``rope=(cos, sin)`` tables (N, D/2), Wan's rope="features") the numerator's phi(q_t).phi(k_s)
   becomes R(phi(q_t)).R(phi(k_s)) and the denominator stays un-rotated: rows no longer sum to 1 and
   entries can be negative (rank bounds unchanged; entropy is then not reported).
 Rank is numerical: singular values above ``rtol`` times the largest (default N * eps of float64,
@@ -23,6 +23,7 @@ import torch
 
 from ..kernels import token_block_ids
 from ..kernels.mhla.checks import feature
+from ..kernels.mhla.rotation import rotate_pairs
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -37,24 +38,26 @@ def softmax_attention_matrix(q, k, scale: float | None = None) -> torch.Tensor:
     return torch.softmax(qh @ kh.transpose(-1, -2) * scale, dim=-1)
 
 
-def _scores(q, k, feature_map: str, rotate=None):
-    """(numerator, denominator) scores phi(q_t).phi(k_s), each (B, H, N, N) float64; with ``rotate``
-    (a layer's RoPE on (B, N, H, D) features) the numerator's features are rotated."""
+def _scores(q, k, feature_map: str, rope=None):
+    """(numerator, denominator) scores phi(q_t).phi(k_s), each (B, H, N, N) float64; with ``rope``
+    (a layer's RoPE tables (cos, sin)) the numerator's features are rotated."""
     qf, kf = feature(q.double(), feature_map), feature(k.double(), feature_map)
     den = _heads_first(qf) @ _heads_first(kf).transpose(-1, -2)
-    if rotate is None:
+    if rope is None:
         return den, den
-    return _heads_first(rotate(qf)) @ _heads_first(rotate(kf)).transpose(-1, -2), den
+    cos, sin = (t.double() for t in rope)
+    qr, kr = rotate_pairs(qf, cos, sin), rotate_pairs(kf, cos, sin)
+    return _heads_first(qr) @ _heads_first(kr).transpose(-1, -2), den
 
 
-def linear_attention_matrix(q, k, feature_map: str = "relu", eps: float = 1e-6, rotate=None) -> torch.Tensor:
-    num, den = _scores(q, k, feature_map, rotate)
+def linear_attention_matrix(q, k, feature_map: str = "relu", eps: float = 1e-6, rope=None) -> torch.Tensor:
+    num, den = _scores(q, k, feature_map, rope)
     return num / (den.sum(dim=-1, keepdim=True) + eps)
 
 
 def mhla_attention_matrix(q, k, mix, grid, blocks, feature_map: str = "relu", eps: float = 1e-6,
-                          rotate=None) -> torch.Tensor:
-    num, den = _scores(q, k, feature_map, rotate)
+                          rope=None) -> torch.Tensor:
+    num, den = _scores(q, k, feature_map, rope)
     ids = token_block_ids(tuple(grid), tuple(blocks), q.device)
     if ids.numel() != num.shape[2]:
         raise ValueError(f"grid={tuple(grid)} holds {ids.numel()} tokens but q has N={num.shape[2]}")
@@ -64,17 +67,17 @@ def mhla_attention_matrix(q, k, mix, grid, blocks, feature_map: str = "relu", ep
     return pair * num / ((pair * den).sum(dim=-1, keepdim=True) + eps)
 
 
-def attention_matrix(module, q, k, grid=None, rotate=None) -> torch.Tensor:
-    """The dense attention matrix of a ``mediagen.attention`` module on q, k (``rotate``: as the
+def attention_matrix(module, q, k, grid=None, rope=None) -> torch.Tensor:
+    """The dense attention matrix of a ``mediagen.attention`` module on q, k (``rope``: as the
     module's forward got it)."""
     from ..attention import LinearAttention, MHLAttention, SDPAttention
 
     if isinstance(module, LinearAttention):
-        return linear_attention_matrix(q, k, module.feature_map, module.eps, rotate)
+        return linear_attention_matrix(q, k, module.feature_map, module.eps, rope)
     if isinstance(module, MHLAttention):
         if grid is None:
             raise ValueError("an MHLA layer needs the token grid to build its attention matrix; got grid=None")
-        return mhla_attention_matrix(q, k, module.mix, grid, module.blocks, module.feature_map, module.eps, rotate)
+        return mhla_attention_matrix(q, k, module.mix, grid, module.blocks, module.feature_map, module.eps, rope)
     if isinstance(module, SDPAttention):
         return softmax_attention_matrix(q, k)
     raise ValueError(f"no attention matrix for module type {type(module).__name__}: "
@@ -114,7 +117,7 @@ class AttentionRecorder:
     ``scaled_dot_product_attention`` (recorded while the call is inside such a module, patched only
     inside the ``with`` block; cross-attention, masked and causal calls are skipped). Layers with
     more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit. MHLA
-    layers with rope="features" are recorded with their rotation (``rotate``).
+    layers with rope="features" are recorded with their rotation tables (``rope``).
     """
 
     def __init__(self, model, max_tokens: int = 4096):
@@ -132,9 +135,9 @@ class AttentionRecorder:
         def hook(module, args, kwargs):
             q, k = args[0], args[1]
             grid = args[3] if len(args) > 3 else kwargs.get("grid")
-            rotate = args[4] if len(args) > 4 else kwargs.get("rotate")
+            rope = args[4] if len(args) > 4 else kwargs.get("rope")
             if q.shape[1] <= self.max_tokens:
-                self.records[name] = (module, q.detach(), k.detach(), grid, rotate)
+                self.records[name] = (module, q.detach(), k.detach(), grid, rope)
         return hook
 
     def _enter_layer(self, name):
@@ -184,8 +187,8 @@ class AttentionRecorder:
                 _, q, k, scale = rec
                 A, kind = softmax_attention_matrix(q, k, scale), "softmax"
             else:
-                mod, q, k, grid, rotate = rec
-                A = attention_matrix(mod, q, k, grid, rotate)
-                kind = type(mod).__name__ + ("+rope" if rotate is not None else "")
+                mod, q, k, grid, rope = rec
+                A = attention_matrix(mod, q, k, grid, rope)
+                kind = type(mod).__name__ + ("+rope" if rope is not None else "")
             out[name] = {"kind": kind, **attention_stats(A, rtol)}
         return out

@@ -15,8 +15,8 @@ Per layer, with q, k, v (B, N, H, D) from the layer's own projections:
     out = to_out(o)
 
 With rope="features" (Wan only) the numerator uses rotated features and the denominator does not,
-as the official Wan MHLA code does (``attention.mhla.rotated_feature_mhla``; the core gets Wan's
-rotation as its ``rotate``).
+as the official Wan MHLA code does (the core gets Wan's angle tables as its ``rope``, fused into the
+MHLA kernels).
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from .attention_spec import AttentionSpec
 _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 
 
-def apply_wan_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Wan's rotary embedding on (B, N, H, D): channel pairs (2i, 2i+1) rotate by angle i."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    c, s = cos[..., 0::2], sin[..., 1::2]
-    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).type_as(x)
+def wan_rope_tables(rotary_emb) -> tuple[torch.Tensor, torch.Tensor]:
+    """diffusers' Wan rotary tables (freqs_cos, freqs_sin), each (1, N, 1, D) with every angle
+    repeated for its channel pair (2j, 2j+1), as the (N, D/2) views ``mediagen.kernels.mhla`` takes."""
+    cos, sin = rotary_emb
+    if cos.dim() != 4 or cos.shape[0] != 1 or cos.shape[2] != 1:
+        raise ValueError(f"expected Wan rotary tables of shape (1, N, 1, D); got {tuple(cos.shape)}")
+    return cos[0, :, 0, 0::2], sin[0, :, 0, 1::2]
 
 
 class GridSelfAttnProcessor(nn.Module):
@@ -97,11 +99,8 @@ class GridSelfAttnProcessor(nn.Module):
             o = self.sequence_parallel.attend(self.core, q, k, v)
         else:
             grid = tuple(self.grids.lookup(q.shape[1]))
-            rotate = None
-            if self.rope_features and rotary_emb is not None:
-                cos, sin = rotary_emb
-                rotate = lambda x: apply_wan_rotary(x, cos, sin)  # noqa: E731
-            o = self.core(q, k, v, grid, rotate=rotate)
+            rope = wan_rope_tables(rotary_emb) if self.rope_features and rotary_emb is not None else None
+            o = self.core(q, k, v, grid, rope=rope)
         o = o.flatten(2)
         if self.out_norm is not None:
             o = self.out_norm(o)

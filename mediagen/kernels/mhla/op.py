@@ -11,6 +11,7 @@ import os
 
 from .checks import check_mhla_args
 from .naive import mhla_reference
+from .rotation import split_rope
 
 try:  # triton ships with CUDA builds of torch on Linux; elsewhere only the reference runs
     from .triton_op import mhla_triton
@@ -30,18 +31,22 @@ def resolve_backend(backend, device) -> str:
 
 
 def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None,
-         algorithm="auto"):
+         algorithm="auto", rope=None):
     """MHLA over a 1D/2D/3D token grid. q, k, v: (B, N, H, D); mix: (M, M) or (H, M, M).
 
     Returns o (B, N, H, D) in q's dtype. See DESIGN.md for the math; accumulation is fp32.
     ``algorithm`` ("auto", "chunked", "dense") chooses the Triton forward: chunked writes per-block
     summaries and suits long sequences; dense recomputes them on chip and suits short ones.
+    ``rope``: None or (cos, sin) angle tables (N, D/2) that rotate the numerator's features, the
+    official Wan MHLA variant (rotation.py).
     """
     grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
+    cos, sin = split_rope(rope, q)
     if resolve_backend(backend, q.device) == "reference":
         return mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, eps=eps,
-                              feature_map=feature_map, scale=scale)
+                              feature_map=feature_map, scale=scale, rope=rope)
     if mhla_triton is None:
         raise ValueError("backend='triton' needs the triton package, which is not installed here")
     return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
-                       feature_map=feature_map, scale=scale, algorithm=algorithm)
+                       feature_map=feature_map, scale=scale, algorithm=algorithm,
+                       rope=None if cos is None else (cos, sin))

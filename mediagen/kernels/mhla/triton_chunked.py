@@ -8,6 +8,9 @@ Backward: with du_t = g_t / den_t and dden_t = -(g_t . o_t) / den_t (normalize=F
           query_grad_kernel: dq~_t = S~_i du_t + z~_i dden_t and partial dS~_i = sum q~_t du_t^T,
           dz~_i = sum q~_t dden_t;  outside: dS_b = Mc^T dS~, dMc = dS~ . S;
           key_grad_kernel: dk~_s = dS_b v_s + dz_b, dv_s = dS_b^T k~_s.
+With ROPE (rotation.py) the features that meet S (k in the summary, q in apply and their
+gradients) are rotated in registers and z, den stay un-rotated; gradients that arrive in rotated
+coordinates are rotated back before the feature map's derivative.
 Every kernel tiles the output columns (TILE of the D columns per program) so D up to 256 fits.
 Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
@@ -17,15 +20,15 @@ import triton
 import triton.language as tl
 
 from ..triton_dot import dot as _dot
-from .triton_common import feature, feature_grad, split_range
+from .triton_common import feature, feature_grad, rope_tables, rotate, split_range
 
 
 @triton.jit
-def summary_kernel(K, V, SZ, order, offsets,
-                   skb, skn, skh, skd, svb, svn, svh, svd,
+def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
+                   skb, skn, skh, skd, svb, svn, svh, svd, sct, scj, sst, ssj,
                    H, MJ, J, D, X,
                    BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                   FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+                   FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr):
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -47,11 +50,15 @@ def summary_kernel(K, V, SZ, order, offsets,
         kmask = rmask[:, None] & dmask[None, :]
         kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=kmask, other=0.0)
         kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
+        kn = kf
+        if ROPE:
+            c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
+            kn = rotate(kf, c, s, BT, BD, False)
         vt = tl.load(vbase + tok[:, None] * svn + e[None, :] * svd, mask=rmask[:, None] & emask[None, :], other=0.0)
         if DOT_F32:
-            acc += _dot(tl.trans(kf), vt.to(tl.float32), IEEE)
+            acc += _dot(tl.trans(kn), vt.to(tl.float32), IEEE)
         else:
-            acc += tl.dot(tl.trans(kf.to(vt.dtype)), vt)
+            acc += tl.dot(tl.trans(kn.to(vt.dtype)), vt)
         accz += tl.sum(kf, axis=0)
     out = SZ + (bh.to(tl.int64) * MJ + ij) * X
     tl.store(out + d[:, None] * D + e[None, :], acc, mask=dmask[:, None] & emask[None, :])
@@ -60,11 +67,12 @@ def summary_kernel(K, V, SZ, order, offsets,
 
 
 @triton.jit
-def apply_kernel(Q, SZM, O, order, offsets,
-                 sqb, sqn, sqh, sqd, sob, son, soh, sod,
+def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
+                 sqb, sqn, sqh, sqd, sob, son, soh, sod, sct, scj, sst, ssj,
                  H, M, J, D, X, eps, scale,
                  BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr):
+                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr,
+                 ROPE: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (S~ rounded once to it, ~2^-9
     # relative per entry); otherwise fp32 operands (tf32 or IEEE).
     bh = tl.program_id(0)
@@ -92,10 +100,14 @@ def apply_kernel(Q, SZM, O, order, offsets,
         qmask = rmask[:, None] & dmask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=qmask, other=0.0)
         qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
+        qn = qf
+        if ROPE:
+            c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
+            qn = rotate(qf, c, s, BT, BD, False)
         if LOWP:
-            u = tl.dot(qf.to(Q.dtype.element_ty), S_lp)
+            u = tl.dot(qn.to(Q.dtype.element_ty), S_lp)
         else:
-            u = _dot(qf, S, IEEE)
+            u = _dot(qn, S, IEEE)
         if NORMALIZE:
             den = tl.sum(qf * z[None, :], axis=1) + eps
             u = u / den[:, None]
@@ -106,11 +118,14 @@ def apply_kernel(Q, SZM, O, order, offsets,
 
 
 @triton.jit
-def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
+def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod, sdb, sdn, sdh, sdd,
+                      sct, scj, sst, ssj,
                       H, M, J, D, X, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                      FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr):
+                      FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
+                      LOWP: tl.constexpr):
+    # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -126,6 +141,8 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
     S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
     z = tl.load(summ + D * D + d, mask=dmask, other=0.0)
     z_e = tl.load(summ + D * D + e, mask=emask, other=0.0)
+    if LOWP:
+        S_lp = S_rows.to(Q.dtype.element_ty)
     accS = tl.zeros((BD, TILE), dtype=tl.float32)
     accz = tl.zeros((BD,), dtype=tl.float32)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
@@ -156,7 +173,19 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
         else:
             du = g * scale
             du_e = g_e * scale
-        dq = _dot(du, tl.trans(S_rows), IEEE)
+        if LOWP:  # w.r.t. the numerator's (rotated) features, columns e
+            dq = tl.dot(du.to(Q.dtype.element_ty), tl.trans(S_lp))
+        else:
+            dq = _dot(du, tl.trans(S_rows), IEEE)
+        qn = qf
+        if ROPE:
+            c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
+            qn = rotate(qf, c, s, BT, BD, False)
+            if TILE == BD:
+                dq = rotate(dq, c, s, BT, TILE, True)
+            else:
+                ce, se = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, tile * (TILE // 2), TILE // 2, D)
+                dq = rotate(dq, ce, se, BT, TILE, True)
         if NORMALIZE:
             dq += dden[:, None] * z_e[None, :]
         if TILE == BD:
@@ -165,7 +194,10 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
             q_e = tl.load(qbase + tok[:, None] * sqn + e[None, :] * sqd, mask=tmask, other=0.0).to(tl.float32)
         dq = dq * feature_grad(q_e, FEATURE)
         tl.store(dbase + tok[:, None] * sdn + e[None, :] * sdd, dq.to(DQ.dtype.element_ty), mask=tmask)
-        accS += _dot(tl.trans(qf), du_e, IEEE)
+        if LOWP:
+            accS += tl.dot(tl.trans(qn.to(Q.dtype.element_ty)), du_e.to(Q.dtype.element_ty))
+        else:
+            accS += _dot(tl.trans(qn), du_e, IEEE)
         if NORMALIZE:
             accz += tl.sum(qf * dden[:, None], axis=0)
     out = DSZ + (bh.to(tl.int64) * M * J + ij) * X
@@ -175,12 +207,12 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets,
 
 
 @triton.jit
-def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets,
+def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
                     skb, skn, skh, skd, svb, svn, svh, svd,
-                    sdkb, sdkn, sdkh, sdkd, sdvb, sdvn, sdvh, sdvd,
+                    sdkb, sdkn, sdkh, sdkd, sdvb, sdvn, sdvh, sdvd, sct, scj, sst, ssj,
                     H, M, J, D, X,
                     BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                    FEATURE: tl.constexpr, IEEE: tl.constexpr):
+                    FEATURE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, LOWP: tl.constexpr):
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -196,6 +228,9 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets,
     dS_cols = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
     dS_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
     dz_e = tl.load(summ + D * D + e, mask=emask, other=0.0)
+    if LOWP:
+        dS_cols_lp = dS_cols.to(K.dtype.element_ty)
+        dS_rows_lp = dS_rows.to(K.dtype.element_ty)
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
     dkbase = DK + b.to(tl.int64) * sdkb + h * sdkh
@@ -208,10 +243,27 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets,
         tmask = rmask[:, None] & emask[None, :]
         kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=fmask, other=0.0)
         kf = tl.where(fmask, feature(kt.to(tl.float32), FEATURE), 0.0)
-        vt = tl.load(vbase + tok[:, None] * svn + d[None, :] * svd, mask=fmask, other=0.0).to(tl.float32)
-        dv = _dot(kf, dS_cols, IEEE)
+        vt = tl.load(vbase + tok[:, None] * svn + d[None, :] * svd, mask=fmask, other=0.0)
+        kn = kf
+        if ROPE:
+            c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
+            kn = rotate(kf, c, s, BT, BD, False)
+        if LOWP:
+            dv = tl.dot(kn.to(K.dtype.element_ty), dS_cols_lp)
+        else:
+            dv = _dot(kn, dS_cols, IEEE)
         tl.store(dvbase + tok[:, None] * sdvn + e[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=tmask)
-        dk = _dot(vt, tl.trans(dS_rows), IEEE) + dz_e[None, :]
+        if LOWP:  # w.r.t. the numerator's (rotated) features, columns e
+            dk = tl.dot(vt, tl.trans(dS_rows_lp))
+        else:
+            dk = _dot(vt.to(tl.float32), tl.trans(dS_rows), IEEE)
+        if ROPE:
+            if TILE == BD:
+                dk = rotate(dk, c, s, BT, TILE, True)
+            else:
+                ce, se = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, tile * (TILE // 2), TILE // 2, D)
+                dk = rotate(dk, ce, se, BT, TILE, True)
+        dk = dk + dz_e[None, :]
         if TILE == BD:
             k_e = kt.to(tl.float32)
         else:

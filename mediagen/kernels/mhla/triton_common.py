@@ -1,6 +1,9 @@
 """Pieces shared by the MHLA Triton kernels: the feature map and its derivative, and the token
 range a program owns.
 
+With ROPE the numerator's features are rotated in registers (``rotate``, rotation.py has the math);
+the angle tables are read per token through the same ids.
+
 Programs are laid out as (batch*head, block*splits, column tile). Tokens of block i sit at
 order[offsets[i]:offsets[i+1]] (row-major token ids sorted by block, see layout.py); split j of J
 owns a contiguous slice of that list. Kernels read q, k, v rows in place through those ids.
@@ -43,3 +46,24 @@ def split_range(offsets_ptr, i, j, J):
     lo = j * chunk
     hi = tl.minimum(n, lo + chunk)
     return start, lo, hi
+
+
+@triton.jit
+def rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, j0, NP: tl.constexpr, D):
+    """cos, sin (rows, NP) fp32 of the angles of channel pairs j0 .. j0 + NP - 1 of tokens ``tok``
+    (pairs at or past D/2 get the identity rotation)."""
+    j = j0 + tl.arange(0, NP)
+    m = rmask[:, None] & (j < D // 2)[None, :]
+    c = tl.load(COS + tok[:, None] * sct + j[None, :] * scj, mask=m, other=1.0).to(tl.float32)
+    s = tl.load(SIN + tok[:, None] * sst + j[None, :] * ssj, mask=m, other=0.0).to(tl.float32)
+    return c, s
+
+
+@triton.jit
+def rotate(x, c, s, ROWS: tl.constexpr, COLS: tl.constexpr, INVERSE: tl.constexpr):
+    """Rotate channel pairs (2j, 2j+1) of x (ROWS, COLS) by the angles (c, s) (ROWS, COLS // 2);
+    INVERSE rotates back (the transpose, for gradients)."""
+    xe, xo = tl.split(tl.reshape(x, (ROWS, COLS // 2, 2)))
+    if INVERSE:
+        s = -s
+    return tl.reshape(tl.join(xe * c - xo * s, xe * s + xo * c), (ROWS, COLS))

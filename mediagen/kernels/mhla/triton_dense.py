@@ -5,22 +5,24 @@ For a tile of queries the kernel walks all keys like flash attention, without th
 This is the dense form of MHLA (DESIGN.md) and costs O(N^2 D), which beats writing, mixing and
 re-reading M per-block D x D summaries when N is small (DiT at 256 px: N = 256, M = 16, d = 72,
 where the summaries outweigh q, k and v together). Tokens stay in their grid order; each token's
-block id comes from a small int32 table.
+block id comes from a small int32 table. With ROPE the numerator's scores use rotated features,
+R_t(phi(q_t)).R_s(phi(k_s)), and the denominator's do not (a second score dot).
 """
 
 import triton
 import triton.language as tl
 
-from .triton_common import feature
+from .triton_common import feature, rope_tables, rotate
 
 
 @triton.jit
-def dense_forward_kernel(Q, K, V, MIX, BLK, O,
+def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
+                         sct, scj, sst, ssj,
                          N, H, D, M, mix_head_stride, eps, scale,
                          BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr,
                          ONEHOT: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
-                         IEEE: tl.constexpr):
+                         IEEE: tl.constexpr, ROPE: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -32,8 +34,13 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O,
     qt = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + rows[:, None].to(tl.int64) * sqn + d[None, :] * sqd,
                  mask=qmask, other=0.0)
     qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
+    qn = qf
+    if ROPE:
+        cq, sq = rope_tables(COS, SIN, rows.to(tl.int64), rmask, sct, scj, sst, ssj, 0, BD // 2, D)
+        qn = rotate(qf, cq, sq, BT, BD, False)
     if not DOT_F32:
         qf = qf.to(qt.dtype)
+        qn = qn.to(qt.dtype)
     bq = tl.load(BLK + rows, mask=rmask, other=0)
     mix_row = MIX + h * mix_head_stride + bq * M
     if ONEHOT:
@@ -51,6 +58,10 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O,
         kmask = cmask[:, None] & dmask[None, :]
         kt = tl.load(kbase + cols[:, None].to(tl.int64) * skn + d[None, :] * skd, mask=kmask, other=0.0)
         kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
+        kn = kf
+        if ROPE:
+            ck, sk = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, 0, BD // 2, D)
+            kn = rotate(kf, ck, sk, BS, BD, False)
         vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd, mask=kmask, other=0.0)
         bk = tl.load(BLK + cols, mask=cmask, other=0)
         if ONEHOT:
@@ -63,15 +74,21 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O,
             w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
         if DOT_F32:
             if IEEE:
-                p = tl.dot(qf, tl.trans(kf), input_precision="ieee") * w
+                p = tl.dot(qn, tl.trans(kn), input_precision="ieee") * w
                 acc += tl.dot(p, vt.to(tl.float32), input_precision="ieee")
+                if ROPE:
+                    p = tl.dot(qf, tl.trans(kf), input_precision="ieee") * w
             else:
-                p = tl.dot(qf, tl.trans(kf)) * w
+                p = tl.dot(qn, tl.trans(kn)) * w
                 acc += tl.dot(p, vt.to(tl.float32))
+                if ROPE:
+                    p = tl.dot(qf, tl.trans(kf)) * w
         else:
-            p = tl.dot(qf, tl.trans(kf.to(vt.dtype))) * w
+            p = tl.dot(qn, tl.trans(kn.to(vt.dtype))) * w
             acc += tl.dot(p.to(vt.dtype), vt)
-        den += tl.sum(p, axis=1)
+            if ROPE:
+                p = tl.dot(qf, tl.trans(kf.to(vt.dtype))) * w
+        den += tl.sum(p, axis=1)  # the un-rotated scores with ROPE
     if NORMALIZE:
         out = acc / (den + eps)[:, None]
     else:

@@ -8,12 +8,14 @@ Two entry points share one implementation (``forward_impl`` / ``backward_impl``)
 Two forward algorithms (``algorithm``): "chunked" (per-block summaries in memory, mixed by a matmul;
 long sequences) and "dense" (summaries recomputed on chip; short sequences); "auto" picks by a cost
 model. The backward always runs the chunked kernels (for dMc it needs the block summaries).
+``cos``/``sin`` (N, D/2) angle tables turn on RoPE on the numerator's features (rotation.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import Optional
 
 import torch
 import triton
@@ -50,10 +52,16 @@ def _num_sms(device_index: int) -> int:
 KERNEL_CONFIGS = {
     "summary": dict(TILE=128, BT=64, warps=4, stages=3),
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=False),
-    "query_grad": dict(TILE=128, BT=64, warps=8, stages=2),
-    "key_grad": dict(TILE=128, BT=64, warps=8, stages=3),
+    "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=False),
+    "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=False),
     "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
 }
+
+
+def _lowp(name: str, dtype) -> bool:
+    """Whether kernel ``name`` multiplies half-precision inputs in their own dtype (never fp32, nor in
+    the CPU interpreter, whose half-precision dot is wrong)."""
+    return KERNEL_CONFIGS[name].get("lowp", False) and dtype != torch.float32 and not _interpreting()
 
 
 def _config(name: str, D: int):
@@ -82,18 +90,26 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
     return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
 
-def choose_algorithm(B, N, H, D, M, splits, dtype) -> str:
+def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False) -> str:
     """Cost model in seconds on an H200-class GPU: bytes at ~3 TB/s, dense dot work at ~150 TFLOP/s,
-    ~5 us per launch (chunked runs summary, mix and apply)."""
+    ~5 us per launch (chunked runs summary, mix and apply). With rope the dense kernel does a
+    third dot (the un-rotated scores) and both read the angle tables."""
     es = 4 if dtype == torch.float32 else 2
     BD = max(16, triton.next_power_of_2(D))
-    io = 4 * B * N * H * D * es
+    io = (4 + (2 if rope else 0)) * B * N * H * D * es
     chunked = (io + 4 * 4 * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
-    dense = io / 3e12 + 4 * B * H * N * N * BD / 150e12 + 5e-6
+    dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + 5e-6
     return "dense" if dense < chunked else "chunked"
 
 
 _blk_cache: dict = {}
+
+
+def _rope_args(cos, sin, like):
+    """Kernel arguments for the angle tables: (COS, SIN), their strides, and the ROPE flag."""
+    if cos is None:
+        return (like, like), (0, 0, 0, 0), False
+    return (cos, sin), (*cos.stride(), *sin.stride()), True
 
 
 def _token_blocks_int32(grid, blocks, device):
@@ -104,15 +120,16 @@ def _token_blocks_int32(grid, blocks, device):
     return hit
 
 
-def launch_summary(k, v, order, offsets, M, J, fcode):
+def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None):
     B, N, H, D = k.shape
     BD, TILE, BT, warps, stages = _config("summary", D)
     X = D * D + D
     sz = _new((B, H, M * J, X), k, torch.float32)
+    tables, tstrides, rope = _rope_args(cos, sin, k)
     summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, sz, order, offsets, *k.stride(), *v.stride(), H, M * J, J, D, X,
+        k, v, sz, order, offsets, *tables, *k.stride(), *v.stride(), *tstrides, H, M * J, J, D, X,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
-        IEEE=k.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        IEEE=k.dtype == torch.float32, ROPE=rope, num_warps=warps, num_stages=stages)
     return sz
 
 
@@ -144,19 +161,19 @@ def launch_mix_grad(dmixed, block_sz, per_head, ieee):
     return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
 
 
-def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode):
+def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
     BD, TILE, BT, warps, stages = _config("apply", D)
     o = _new((B, N, H, D), q, q.dtype)
+    tables, tstrides, rope = _rope_args(cos, sin, q)
     apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, mixed, o, order, offsets, *q.stride(), *o.stride(), H, M, J, D, D * D + D, eps, scale,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
-        LOWP=KERNEL_CONFIGS["apply"].get("lowp", False) and q.dtype != torch.float32 and not _interpreting(),
-        num_warps=warps, num_stages=stages)
+        q, mixed, o, order, offsets, *tables, *q.stride(), *o.stride(), *tstrides, H, M, J, D, D * D + D, eps,
+        scale, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
+        LOWP=_lowp("apply", q.dtype), ROPE=rope, num_warps=warps, num_stages=stages)
     return o
 
 
-def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode):
+def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
     M = math.prod(blocks)
     c = KERNEL_CONFIGS["dense"]
@@ -167,70 +184,75 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode):
     ieee = q.dtype == torch.float32
     o = _new((B, N, H, D), q, q.dtype)
     mixf = mix.float().contiguous()
+    tables, tstrides, rope = _rope_args(cos, sin, q)
     dense_forward_kernel[(B * H, triton.cdiv(N, BT))](
-        q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *tstrides,
         N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
         BD=BD, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, FEATURE=fcode, NORMALIZE=normalize,
-        DOT_F32=ieee or _interpreting(), IEEE=ieee, num_warps=c["warps"], num_stages=c["stages"])
+        DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=c["warps"], num_stages=c["stages"])
     return o
 
 
-def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode):
+def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
     BD, TILE, BT, warps, stages = _config("query_grad", D)
     X = D * D + D
     dq = _new((B, N, H, D), q, q.dtype)
     dsz_part = _new((B, H, M * J, X), q, torch.float32)
+    tables, tstrides, rope = _rope_args(cos, sin, q)
     query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, g, o, mixed, dq, dsz_part, order, offsets, *q.stride(), *g.stride(), *o.stride(), *dq.stride(),
-        H, M, J, D, X, eps, scale,
+        q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *q.stride(), *g.stride(), *o.stride(),
+        *dq.stride(), *tstrides, H, M, J, D, X, eps, scale,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
-        num_warps=warps, num_stages=stages)
+        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), num_warps=warps, num_stages=stages)
     return dq, dsz_part
 
 
-def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode):
+def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None):
     B, N, H, D = k.shape
     BD, TILE, BT, warps, stages = _config("key_grad", D)
     dk = _new((B, N, H, D), k, k.dtype)
     dv = _new((B, N, H, D), v, v.dtype)
+    tables, tstrides, rope = _rope_args(cos, sin, k)
     key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, dsz, dk, dv, order, offsets, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
-        H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=k.dtype == torch.float32,
-        num_warps=warps, num_stages=stages)
+        k, v, dsz, dk, dv, order, offsets, *tables, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+        *tstrides, H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=k.dtype == torch.float32,
+        ROPE=rope, LOWP=_lowp("key_grad", k.dtype), num_warps=warps, num_stages=stages)
     return dk, dv
 
 
-def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits):
+def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
+                 cos=None, sin=None):
     """Returns (o, sz): sz holds the per-block (per-split) summaries for the backward, or is empty."""
     M = math.prod(blocks)
     fcode = FEATURE_CODES[feature_map]
     if algorithm == "dense":
-        o = launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode)
+        o = launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos, sin)
         return o, q.new_empty((0,), dtype=torch.float32)
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
-    sz = launch_summary(k, v, order, offsets, M, splits, fcode)
+    sz = launch_summary(k, v, order, offsets, M, splits, fcode, cos, sin)
     mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32)
-    o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode)
+    o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode, cos, sin)
     return o, sz
 
 
-def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits):
+def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits,
+                  cos=None, sin=None):
     B, N, H, D = q.shape
     M, J, X = math.prod(blocks), splits, D * D + D
     fcode = FEATURE_CODES[feature_map]
     ieee = q.dtype == torch.float32
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
     if sz.numel() == 0:  # the dense forward kept no summaries
-        sz = launch_summary(k, v, order, offsets, M, J, fcode)
+        sz = launch_summary(k, v, order, offsets, M, J, fcode, cos, sin)
     mixed = launch_mix(mix, sz, J, ieee)
-    dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode)
+    dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos, sin)
     dmixed = dsz_part.view(B, H, M, J, X).sum(3) if J > 1 else dsz_part  # dS~ per query block
     dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True)                # dS_b = Mc^T dS~
     block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
     dmix = launch_mix_grad(dmixed, block_sz, mix.dim() == 3, ieee)       # dMc_ib = <dS~_i, S_b>
-    dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode)
+    dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos, sin)
     return dq, dk, dv, dmix.to(mix.dtype)
 
 
@@ -240,16 +262,16 @@ class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mix, *args):
         o, sz = forward_impl(q, k, v, mix, *args)
-        ctx.save_for_backward(q, k, v, mix, o, sz)
-        grid, blocks, normalize, eps, feature_map, scale, algorithm, splits = args
+        grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = args
+        ctx.save_for_backward(q, k, v, mix, o, sz, cos, sin)
         ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
         return o
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, mix, o, sz = ctx.saved_tensors
-        grads = backward_impl(g, q, k, v, mix, o, sz, *ctx.args)
-        return (*grads,) + (None,) * 8
+        q, k, v, mix, o, sz, cos, sin = ctx.saved_tensors
+        grads = backward_impl(g, q, k, v, mix, o, sz, *ctx.args, cos, sin)
+        return (*grads,) + (None,) * 10
 
 
 # ---- torch.compile path: custom ops -------------------------------------------------------------
@@ -257,12 +279,13 @@ class _MHLAFunction(torch.autograd.Function):
 @torch.library.custom_op("mediagen::mhla_fwd", mutates_args=())
 def mhla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor, grid: list[int],
              blocks: list[int], normalize: bool, eps: float, feature_map: str, scale: float, algorithm: str,
-             splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits)
+             splits: int, cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin)
 
 
 @mhla_fwd.register_fake
-def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits):
+def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos=None, sin=None):
     B, N, H, D = q.shape
     o = q.new_empty((B, N, H, D))
     if algorithm == "dense":
@@ -273,35 +296,36 @@ def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm,
 @torch.library.custom_op("mediagen::mhla_bwd", mutates_args=())
 def mhla_bwd(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor,
              o: torch.Tensor, sz: torch.Tensor, grid: list[int], blocks: list[int], normalize: bool, eps: float,
-             feature_map: str, scale: float, splits: int
+             feature_map: str, scale: float, splits: int, cos: Optional[torch.Tensor] = None,
+             sin: Optional[torch.Tensor] = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward_impl(g.contiguous() if g.stride(-1) == 0 else g, q, k, v, mix, o, sz, grid, blocks,
-                         normalize, eps, feature_map, scale, splits)
+                         normalize, eps, feature_map, scale, splits, cos, sin)
 
 
 @mhla_bwd.register_fake
-def _(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits):
+def _(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits, cos=None, sin=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), mix.new_empty(mix.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits = inputs
+    q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = inputs
     o, sz = output
-    ctx.save_for_backward(q, k, v, mix, o, sz)
+    ctx.save_for_backward(q, k, v, mix, o, sz, cos, sin)
     ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
 
 
 def _backward(ctx, grad_o, grad_sz):
-    q, k, v, mix, o, sz = ctx.saved_tensors
-    grads = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, *ctx.args)
-    return (*grads,) + (None,) * 8
+    q, k, v, mix, o, sz, cos, sin = ctx.saved_tensors
+    grads = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, *ctx.args, cos, sin)
+    return (*grads,) + (None,) * 10
 
 
 mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None,
-                algorithm="auto", splits=None):
+                algorithm="auto", splits=None, rope=None):
     """Arguments already validated by ``mhla``. Returns o (B, N, H, D) in q's dtype."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
@@ -311,9 +335,10 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
         largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
         splits = choose_splits(B, H, M, largest, D, q.device)
     if algorithm == "auto":
-        algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype)
+        algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None)
+    cos, sin = rope if rope is not None else (None, None)
     args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
-            1.0 if scale is None else float(scale), algorithm, int(splits))
+            1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin)
     if torch.compiler.is_compiling():
         return torch.ops.mediagen.mhla_fwd(q, k, v, mix, *args)[0]
     return _MHLAFunction.apply(q, k, v, mix, *args)
