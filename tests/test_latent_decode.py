@@ -63,13 +63,15 @@ def test_mlra_decode_on_the_kernel_equals_torch_decode(branches):
     torch.nn.init.normal_(layer.out_proj.weight, std=0.05)  # zero-initialised: would hide everything
     x = torch.randn(2, 9, 64, device=DEVICE)
     outs = {}
-    for backend in ("torch", "triton"):
+    assert layer.decode_backend == "auto"  # the default: the kernel on CUDA, the torch ops elsewhere
+    for backend in ("torch", "triton", "auto"):
         layer.decode_backend = backend
         cache = layer.new_cache(2, 16)
         with torch.no_grad():
             layer(x[:, :6], cache=cache)                         # prefill 6 tokens
             outs[backend] = torch.cat([layer(x[:, t:t + 1], cache=cache) for t in range(6, 9)], 1)
     torch.testing.assert_close(outs["triton"], outs["torch"], rtol=1e-4, atol=1e-6)
+    assert torch.equal(outs["auto"], outs["triton" if DEVICE == "cuda" else "torch"])
     assert outs["torch"].abs().max() > 1e-3
 
 

@@ -152,7 +152,8 @@ def test_real_sizes_on_gpu(B, grid, H, D, blocks, dtype):
                                            ("key_grad", "lowp")])
 def test_alternative_kernel_paths(device, monkeypatch, setting, value):
     """The dense kernel's gathered block weights (used when M > 128) and, on a GPU, the chunked
-    kernels' products in the input dtype, against the reference (forward and backward)."""
+    kernels' other product precision (tf32 copies instead of the input dtype, or the reverse), against
+    the reference (forward and backward)."""
     cfg = dict(triton_op.KERNEL_CONFIGS[setting])
     cfg[value] = not cfg.get(value, False)
     monkeypatch.setitem(triton_op.KERNEL_CONFIGS, setting, cfg)

@@ -76,9 +76,10 @@ class MLRAttention(nn.Module):
         self.out_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
         # (4, 1, 4, 1) block-diagonal selector of the decode step; not saved (persistent=False)
         self.register_buffer("_latent_eye", torch.eye(LATENT_HEADS)[:, None, :, None], persistent=False)
-        # decode_step's attention over the latent cache: "torch" (the ops below) or "triton" (the
-        # split-K kernel of kernels.latent_decode, one pass over the cache)
-        self.decode_backend = "torch"
+        # decode_step's attention over the latent cache: "torch" (the ops below), "triton" (the
+        # split-K kernel of kernels.latent_decode, one pass over the cache) or "auto": triton on CUDA
+        # tensors (measured 1.7-3.3x faster than the torch ops there, benchmarks/RESULTS.md), else torch
+        self.decode_backend = "auto"
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -186,7 +187,8 @@ class MLRAttention(nn.Module):
         sliced from the cache, one RMSNorm for the 4 latent heads, and the 4 latent heads' products
         as one matmul each way through a block-diagonal query (4x the FLOPs of 4 separate products,
         which are negligible; the cache is read once, in place). With ``decode_backend = "triton"``
-        the attention over the cache is one split-K kernel instead (kernels.latent_decode)."""
+        (what "auto", the default, picks on CUDA) the attention over the cache is one split-K kernel
+        instead (kernels.latent_decode)."""
         t = cache.length
         cos, sin = cache.tables["rope_cos"][t:t + 1, None, :], cache.tables["rope_sin"][t:t + 1, None, :]
         q_nope, q_rope = self._queries(x, cos, sin)                  # (B,1,H,d_h), (B,1,H,d_r)
@@ -201,14 +203,18 @@ class MLRAttention(nn.Module):
         else:
             q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
         q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
-        if self.decode_backend == "torch":
+        backend = self.decode_backend
+        if backend == "auto":
+            backend = "triton" if c.is_cuda else "torch"
+        if backend == "torch":
             ctx = self._latent_attention_torch(q_abs, q_rope, c, k_rope)
-        elif self.decode_backend == "triton":
+        elif backend == "triton":
             # each latent's rows with the rope query of the head they serve: (B, 4, hp, d_r)
             q_rope_lat = self._branch_heads_to_latent(q_rope[:, 0][:, None].expand(-1, self.branches, -1, -1))
             ctx = latent_decode(q_abs, q_rope_lat, c, k_rope, self.attn_scale, backend="triton")
         else:
-            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'torch' or 'triton'")
+            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'auto', 'torch' or "
+                             "'triton'")
         o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
         o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
         return self.out_proj(o.flatten(-2))[:, None]

@@ -117,11 +117,9 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
                 return mhla(q, k, v, mix, shape.grid, shape.blocks, feature_map="relu", backend="triton",
                             algorithm="chunked")
 
-            if dtype != torch.float32:  # products in the input dtype (KERNEL_CONFIGS "lowp"), whole row
-                cands["mhla triton chunked, low-precision apply"] = chunked
-                settings["mhla triton chunked, low-precision apply"] = ("apply",)
-                cands["mhla triton chunked, low-precision apply + backward"] = chunked
-                settings["mhla triton chunked, low-precision apply + backward"] = ("apply", "query_grad", "key_grad")
+            if dtype != torch.float32:  # the default multiplies in the input dtype; this row in tf32
+                cands["mhla triton chunked, tf32 products"] = chunked
+                settings["mhla triton chunked, tf32 products"] = ("apply", "query_grad", "key_grad")
             if D % 2 == 0:  # RoPE on the numerator's features (Wan's rope="features"), fp32 angle tables
                 angle = torch.rand(N, D // 2, device=device, generator=gen) * 6.3
                 tables = (angle.cos(), angle.sin())
@@ -137,7 +135,7 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
         if methods:
             cands = {k_: f for k_, f in cands.items() if any(m in k_ for m in methods)}
         for name, fn in cands.items():
-            with _lowp_kernels(settings.get(name, ())):
+            with _tf32_kernels(settings.get(name, ())):
                 rows.append(_measure(name, fn, q, k, v, shape, floor_bytes, bandwidth, timer, device, backward,
                                      rep_ms))
         if device.type == "cuda":
@@ -146,8 +144,9 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
 
 
 @contextlib.contextmanager
-def _lowp_kernels(names):
-    """Turn on the low-precision products of the named MHLA kernels for the duration."""
+def _tf32_kernels(names):
+    """Turn off the input-dtype products of the named MHLA kernels (KERNEL_CONFIGS "lowp") for the
+    duration: they multiply tf32 copies instead."""
     if not names:
         yield
         return
@@ -155,7 +154,7 @@ def _lowp_kernels(names):
 
     saved = {n: dict(triton_op.KERNEL_CONFIGS[n]) for n in names}
     for n in names:
-        triton_op.KERNEL_CONFIGS[n] = dict(saved[n], lowp=True)
+        triton_op.KERNEL_CONFIGS[n] = dict(saved[n], lowp=False)
     try:
         yield
     finally:

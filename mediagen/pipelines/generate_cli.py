@@ -56,8 +56,9 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-# the shipped MHLA models (docs/RESULTS.md): image-mhla, and video-mhla (RoPE on the features), whose
-# VBench-style Total is within 0.1% of the softmax video model's
+# the shipped MHLA models (docs/RESULTS.md): image-mhla (MHLA + a depthwise positional conv, FID below
+# the softmax model's), and video-mhla (RoPE on the features), whose VBench-style Total is within 0.1%
+# of the softmax video model's
 DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL = "image-mhla", "video-mhla"
 
 

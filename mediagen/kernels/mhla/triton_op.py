@@ -49,11 +49,14 @@ def _num_sms(device_index: int) -> int:
 
 # Launch settings per kernel: TILE output columns per program, BT tokens per loop step (both capped
 # by the padded head dim BD), warps, pipeline stages. benchmarks/sweep_mhla.py measures the choices.
+# lowp: bf16/fp16 inputs multiply in their own dtype with fp32 accumulation (the block summaries are
+# rounded once to it) instead of tf32 products of fp32 copies; on the H200 that made the Wan 480p
+# forward 12% and forward+backward 25% faster (benchmarks/RESULTS.md) within the bf16 error bound.
 KERNEL_CONFIGS = {
     "summary": dict(TILE=128, BT=64, warps=4, stages=3),
-    "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=False),
-    "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=False),
-    "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=False),
+    "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
+    "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=True),
+    "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=True),
     "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
 }
 
@@ -64,11 +67,12 @@ def _lowp(name: str, dtype) -> bool:
     return KERNEL_CONFIGS[name].get("lowp", False) and dtype != torch.float32 and not _interpreting()
 
 
-def _config(name: str, D: int):
-    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D."""
+def _config(name: str, D: int, fp32_rope: bool = False):
+    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32_rope``: fp32 inputs
+    with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128)."""
     c = KERNEL_CONFIGS[name]
     BD = max(16, triton.next_power_of_2(D))
-    BT = c["BT"] if BD <= 128 else min(c["BT"], 32)
+    BT = c["BT"] if BD < 128 or (BD == 128 and not fp32_rope) else min(c["BT"], 32)
     # keep each program's D x TILE fp32 tiles within 128 x 128 (D = 256: 64 columns per program);
     # wider ones run out of shared memory on the H200 in fp32
     TILE = min(BD, c["TILE"], 16384 // BD)
@@ -122,7 +126,7 @@ def _token_blocks_int32(grid, blocks, device):
 
 def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None):
     B, N, H, D = k.shape
-    BD, TILE, BT, warps, stages = _config("summary", D)
+    BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and k.dtype == torch.float32)
     X = D * D + D
     sz = _new((B, H, M * J, X), k, torch.float32)
     tables, tstrides, rope = _rope_args(cos, sin, k)
@@ -163,7 +167,7 @@ def launch_mix_grad(dmixed, block_sz, per_head, ieee):
 
 def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
-    BD, TILE, BT, warps, stages = _config("apply", D)
+    BD, TILE, BT, warps, stages = _config("apply", D, cos is not None and q.dtype == torch.float32)
     o = _new((B, N, H, D), q, q.dtype)
     tables, tstrides, rope = _rope_args(cos, sin, q)
     apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
@@ -179,7 +183,8 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     c = KERNEL_CONFIGS["dense"]
     BD = max(16, triton.next_power_of_2(D))
     BT = c["BT"] if BD <= 128 else 32
-    BS = c["BS"] if BD <= 128 else 32
+    # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
+    BS = c["BS"] if BD < 128 or (BD == 128 and not (cos is not None and q.dtype == torch.float32)) else 32
     BM = max(16, triton.next_power_of_2(M))
     ieee = q.dtype == torch.float32
     o = _new((B, N, H, D), q, q.dtype)
@@ -196,7 +201,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
 
 def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
-    BD, TILE, BT, warps, stages = _config("query_grad", D)
+    BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and q.dtype == torch.float32)
     X = D * D + D
     dq = _new((B, N, H, D), q, q.dtype)
     dsz_part = _new((B, H, M * J, X), q, torch.float32)
@@ -211,7 +216,7 @@ def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scal
 
 def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None):
     B, N, H, D = k.shape
-    BD, TILE, BT, warps, stages = _config("key_grad", D)
+    BD, TILE, BT, warps, stages = _config("key_grad", D, cos is not None and k.dtype == torch.float32)
     dk = _new((B, N, H, D), k, k.dtype)
     dv = _new((B, N, H, D), v, v.dtype)
     tables, tstrides, rope = _rope_args(cos, sin, k)
