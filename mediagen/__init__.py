@@ -10,6 +10,7 @@ _EXPORTS = {
     "convert": "mediagen.models.convert",
     "MHLAWanTransformer3DModel": "mediagen.models.converted",
     "MHLADiTTransformer2DModel": "mediagen.models.converted",
+    "MHLASanaTransformer2DModel": "mediagen.models.converted",
     "IdentityAutoencoder": "mediagen.models.identity_autoencoder",
     "ByteTextEncoder": "mediagen.models.byte_text_encoder",
     "MediagenTextEncoder": "mediagen.models.text_encoders.encoder",

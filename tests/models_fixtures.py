@@ -52,3 +52,27 @@ def capture_attn1(model, blocks_attr):
             store.append((module, x.detach(), output.detach(), rope))
         handles.append(block.attn1.register_forward_hook(hook, with_kwargs=True))
     return records, handles
+
+
+def tiny_sana(num_layers=2, seed=0, **overrides):
+    """A tiny random diffusers SanaTransformer2DModel (ReLU linear self-attention, Mix-FFN)."""
+    from diffusers import SanaTransformer2DModel
+
+    torch.manual_seed(seed)
+    config = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=num_layers,
+                  num_cross_attention_heads=2, cross_attention_head_dim=16, cross_attention_dim=32,
+                  caption_channels=24, sample_size=8, patch_size=1)
+    config.update(overrides)
+    return SanaTransformer2DModel(**config).eval()
+
+
+def sana_inputs(batch=2, height=8, width=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(batch, 4, height, width, generator=g),
+                encoder_hidden_states=torch.randn(batch, 5, 24, generator=g),
+                timestep=torch.linspace(50, 900, batch))
+
+
+def sana_qkv(attn, x):
+    """q, k, v (B, N, H, D) of SANA's self-attention layer (no q/k norm in the tiny model)."""
+    return [lin(x).unflatten(2, (attn.heads, -1)) for lin in (attn.to_q, attn.to_k, attn.to_v)]

@@ -12,6 +12,7 @@ _EXPORTS = {
     "auto_blocks": ".attention_spec",
     "MHLAWanTransformer3DModel": ".converted",
     "MHLADiTTransformer2DModel": ".converted",
+    "MHLASanaTransformer2DModel": ".converted",
     "load_transformer": ".loading",
     "build_transformer": ".presets",
     "preset": ".presets",

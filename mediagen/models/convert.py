@@ -17,8 +17,8 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
             feature_map: str = "relu", normalize: bool = True, eps: float = 1e-6, scale: float | None = None,
             per_head_mix: bool = False, out_norm: bool = False, out_gate: bool = False, cpe_kernel: int = 0,
             rope: str = "none"):
-    """Convert a ``WanTransformer3DModel`` / ``DiTTransformer2DModel`` (or a pipeline's
-    ``.transformer``) in place and return it.
+    """Convert a ``WanTransformer3DModel`` / ``DiTTransformer2DModel`` / ``SanaTransformer2DModel`` (or
+    a pipeline's ``.transformer``) in place and return it.
 
     Every pretrained weight is kept; only Mc (and the optional out-norm, gate and CPE weights) are
     new. The result saves and loads with ``save_pretrained``/``from_pretrained`` and comes back
@@ -28,15 +28,17 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
         attention: "sdpa", "linear", "mhla", "wan-mhla-h" (softmax every third layer, MHLA in the
             rest), or a list with one of "sdpa"/"linear"/"mhla" per layer.
         layers: with a single name, the layer indices that get it; the others stay "sdpa".
-        blocks: block count per grid axis ((F, H, W) for Wan, (H, W) for DiT). When None they are
-            chosen from ``grid`` (or DiT's sample_size) with M^2 <= N.
+        blocks: block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA). When None they
+            are chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N.
         grid: the token grid the model will mostly run at, used to choose and check ``blocks``.
         feature_map, normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope:
             MHLA options, see ``AttentionSpec``.
 
     The official Wan2.1 MHLA recipe is ``attention="wan-mhla-h", rope="features", out_norm=True``.
     Softmax layers keep the stock processor; to force FlashAttention there use diffusers'
-    ``model.set_attention_backend("flash")`` (Wan). Mc stays in [0, 1] during training with
+    ``model.set_attention_backend("flash")`` (Wan). SANA's own self-attention is ReLU linear
+    attention: ``attention="linear", eps=1e-15`` reproduces it, "mhla" is the paper's SANA-MHLA, and
+    "sdpa" gives softmax layers (not what SANA was trained with). Mc stays in [0, 1] during training with
     ``mediagen.attention.register_mix_clipping(optimizer, model)``.
     """
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: convert what it wraps

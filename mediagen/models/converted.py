@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 
-from diffusers import DiTTransformer2DModel, WanTransformer3DModel
+from diffusers import DiTTransformer2DModel, SanaTransformer2DModel, WanTransformer3DModel
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  diffusers' pipeline loader looks it up here
 
@@ -47,8 +47,10 @@ def converted_class(base: type, name: str) -> type:
 
 MHLAWanTransformer3DModel = converted_class(WanTransformer3DModel, "MHLAWanTransformer3DModel")
 MHLADiTTransformer2DModel = converted_class(DiTTransformer2DModel, "MHLADiTTransformer2DModel")
+MHLASanaTransformer2DModel = converted_class(SanaTransformer2DModel, "MHLASanaTransformer2DModel")
 
-CONVERTED = {WanTransformer3DModel: MHLAWanTransformer3DModel, DiTTransformer2DModel: MHLADiTTransformer2DModel}
+CONVERTED = {WanTransformer3DModel: MHLAWanTransformer3DModel, DiTTransformer2DModel: MHLADiTTransformer2DModel,
+             SanaTransformer2DModel: MHLASanaTransformer2DModel}
 
 
 def converted_class_for(model) -> type:

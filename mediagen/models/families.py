@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from diffusers import DiTTransformer2DModel, WanTransformer3DModel
+from diffusers import DiTTransformer2DModel, SanaTransformer2DModel, WanTransformer3DModel
 from diffusers.models.attention_processor import AttnProcessor2_0
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from .latent_grid import image_grid, video_grid
-from .processors import DiTMHLAProcessor, GridSelfAttnProcessor, WanMHLAProcessor
+from .processors import DiTMHLAProcessor, GridSelfAttnProcessor, SanaMHLAProcessor, WanMHLAProcessor
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Family:
     base: type
     blocks_attr: str                       # model attribute holding the transformer blocks
     processor: type[GridSelfAttnProcessor]
-    stock_processor: Callable[[], object]  # the softmax processor a fresh model has
+    stock_processor: Callable[[], object]  # the softmax processor of "sdpa" layers (a fresh Wan/DiT has it)
     grid_of: Callable                      # (model, hidden_states) -> token grid
     ndim: int                              # axes of the token grid
 
@@ -32,8 +32,8 @@ class Family:
         return [block.attn1 for block in getattr(model, self.blocks_attr)]
 
     def default_grid(self, model) -> tuple[int, ...] | None:
-        """The token grid the model was built for, when its config says (DiT: sample_size)."""
-        if self.name == "dit":
+        """The token grid the model was built for, when its config says (DiT, SANA: sample_size)."""
+        if self.name in ("dit", "sana"):
             side = model.config.sample_size // model.config.patch_size
             return (side, side)
         return None
@@ -47,9 +47,14 @@ def _dit_grid(model, x):
     return image_grid(x, model.config.patch_size)
 
 
+# SANA's own self-attention is ReLU linear attention (SanaLinearAttnProcessor2_0): its "linear"
+# conversion (eps=1e-15) computes the same; "sdpa" there is softmax, which SANA was not trained with.
+
+
 FAMILIES = (
     Family("wan", WanTransformer3DModel, "blocks", WanMHLAProcessor, WanAttnProcessor, _wan_grid, 3),
     Family("dit", DiTTransformer2DModel, "transformer_blocks", DiTMHLAProcessor, AttnProcessor2_0, _dit_grid, 2),
+    Family("sana", SanaTransformer2DModel, "transformer_blocks", SanaMHLAProcessor, AttnProcessor2_0, _dit_grid, 2),
 )
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 
 def transformer_classes() -> dict:
-    from diffusers import DiTTransformer2DModel, WanTransformer3DModel
+    from diffusers import DiTTransformer2DModel, SanaTransformer2DModel, WanTransformer3DModel
 
-    from .converted import MHLADiTTransformer2DModel, MHLAWanTransformer3DModel
+    from .converted import MHLADiTTransformer2DModel, MHLASanaTransformer2DModel, MHLAWanTransformer3DModel
 
-    classes = (WanTransformer3DModel, DiTTransformer2DModel, MHLAWanTransformer3DModel, MHLADiTTransformer2DModel)
+    classes = (WanTransformer3DModel, DiTTransformer2DModel, SanaTransformer2DModel, MHLAWanTransformer3DModel,
+               MHLADiTTransformer2DModel, MHLASanaTransformer2DModel)
     return {c.__name__: c for c in classes}
 
 

@@ -129,6 +129,22 @@ class WanMHLAProcessor(GridSelfAttnProcessor):
         return attn.to_out[1](attn.to_out[0](o))
 
 
+class SanaMHLAProcessor(GridSelfAttnProcessor):
+    """For SANA's self-attention (``attn1``, diffusers' ``Attention`` that SANA runs with ReLU linear
+    attention): optional q/k norms across all heads (``qk_norm``), then heads; no residual."""
+
+    def project_qkv(self, attn, x):
+        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        return tuple(t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
+
+    def project_out(self, attn, o, residual):
+        return attn.to_out[1](attn.to_out[0](o))
+
+
 class DiTMHLAProcessor(GridSelfAttnProcessor):
     """For diffusers' ``Attention`` (DiT's ``attn1``): optional per-head q/k norms."""
 
