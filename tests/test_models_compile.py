@@ -6,7 +6,7 @@ the conversion.
 """
 
 import torch
-from models_fixtures import dit_inputs, tiny_dit, tiny_wan, wan_inputs
+from models_fixtures import dit_inputs, sana_inputs, tiny_dit, tiny_sana, tiny_wan, wan_inputs
 
 import mediagen
 import mediagen.attention.mhla as attention_mhla
@@ -33,4 +33,6 @@ def test_processors_compile_without_graph_breaks(monkeypatch):
     assert graph_breaks(wan, wan_inputs()) == 0
     dit = mediagen.convert(tiny_dit(num_layers=2), ["mhla", "linear"])
     assert graph_breaks(dit, dit_inputs()) == 0
+    sana = mediagen.convert(tiny_sana(num_layers=2), ["mhla", "linear"])
+    assert graph_breaks(sana, sana_inputs()) == 0
     torch._dynamo.reset()
