@@ -254,3 +254,21 @@ def test_wan_mhla_without_rope_cannot_tell_positions_apart():
     blind, rotated = output("none"), output("features")
     torch.testing.assert_close(blind[0, 0:2, 0:2], blind[0, 0:2, 2:4], rtol=1e-6, atol=1e-6)
     assert (rotated[0, 0:2, 0:2] - rotated[0, 0:2, 2:4]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_wan_rope_tables_are_contiguous_fp32_angles(dtype):
+    """The processor hands the kernels unit-stride fp32 (N, D/2) tables: pair j of token t gets
+    cos[t, 2j] and sin[t, 2j + 1] of diffusers' interleaved (1, N, 1, D) tables."""
+    from mediagen.models.processors import wan_rope_tables
+
+    angle = torch.rand(7, 4, dtype=torch.float64) * 6
+    cos = angle.cos().repeat_interleave(2, -1)[None, :, None].to(dtype)
+    sin = angle.sin().repeat_interleave(2, -1)[None, :, None].to(dtype)
+    c, s = wan_rope_tables((cos, sin))
+    assert c.shape == s.shape == (7, 4) and c.dtype == s.dtype == torch.float32
+    assert c.is_contiguous() and s.is_contiguous()
+    torch.testing.assert_close(c, angle.cos().to(dtype).float())
+    torch.testing.assert_close(s, angle.sin().to(dtype).float())
+    with pytest.raises(ValueError, match=r"\(1, N, 1, D\)"):
+        wan_rope_tables((cos[0], sin[0]))

@@ -33,11 +33,17 @@ _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 
 def wan_rope_tables(rotary_emb) -> tuple[torch.Tensor, torch.Tensor]:
     """diffusers' Wan rotary tables (freqs_cos, freqs_sin), each (1, N, 1, D) with every angle
-    repeated for its channel pair (2j, 2j+1), as the (N, D/2) views ``mediagen.kernels.mhla`` takes."""
+    repeated for its channel pair (2j, 2j+1), as the (N, D/2) tables ``mediagen.kernels.mhla`` takes.
+
+    Copied to contiguous fp32 (two small copies per layer): the kernels read the tables once per
+    head and block, and a unit stride lets those loads vectorise, where the strided views of the
+    interleaved tables (stride 2, often bf16 or fp64) load element by element. The op benchmark
+    measured RoPE at +0.13 ms on Wan 480p with such tables; the model-level gain of the copy itself
+    is not measured yet (benchmarks/RESULTS.md)."""
     cos, sin = rotary_emb
     if cos.dim() != 4 or cos.shape[0] != 1 or cos.shape[2] != 1:
         raise ValueError(f"expected Wan rotary tables of shape (1, N, 1, D); got {tuple(cos.shape)}")
-    return cos[0, :, 0, 0::2], sin[0, :, 0, 1::2]
+    return cos[0, :, 0, 0::2].float().contiguous(), sin[0, :, 0, 1::2].float().contiguous()
 
 
 class GridSelfAttnProcessor(nn.Module):
