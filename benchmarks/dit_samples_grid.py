@@ -47,8 +47,8 @@ def main():
     y = 0
     for i, (label, pixels) in enumerate(bands):
         img = Image.fromarray(pixels).resize((width, pixels.shape[0] * args.scale), Image.NEAREST)
-        canvas.paste(img, (args.label_width, y))
         draw.text((6, y + img.height // 2 - 6), label, fill=255)
+        canvas.paste(img, (args.label_width, y))  # after the label: a long label never covers samples
         y += img.height
         if i < len(bands) - 1:
             draw.rectangle([args.label_width, y, args.label_width + width, y + gap - 1], fill=128)
