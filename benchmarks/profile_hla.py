@@ -22,12 +22,14 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import mediagen.attention.hla as hla_module  # noqa: E402
 import mediagen.kernels.hla.chunk as chunk_module  # noqa: E402
+import mediagen.kernels.hla.readout as readout_module  # noqa: E402
 
 # (module, function name): the stages of HLAttention.forward, as it calls them
 STAGES = [(hla_module, "pad_to_chunks"), (hla_module, "bucket_representatives"), (hla_module, "chunk_gates"),
           (hla_module, "chunk_routed_gates"), (hla_module, "select_chunks"),
           (chunk_module, "chunk_summaries"), (chunk_module, "hla_walk"), (chunk_module, "hla_walk_sparse"),
-          (chunk_module, "hla_walk_indexed")]
+          (chunk_module, "hla_walk_indexed"), (hla_module, "chunk_routing_order"),
+          (readout_module, "chunk_summaries"), (readout_module, "hla_readout")]
 
 
 def sync(device):
@@ -77,6 +79,8 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--top-k", type=int, default=None, help="HLA chunk skipping: keep k past chunks")
     ap.add_argument("--route", default="token", choices=["token", "chunk"])
+    ap.add_argument("--readout", default="auto", choices=["auto", "torch", "triton"],
+                    help="auto: the fused Triton readout on a GPU (gates + walk in one kernel); torch: unfused")
     ap.add_argument("--iters", type=int, default=5)
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
@@ -84,7 +88,7 @@ def main(argv=None):
     hidden, heads, chunk, pool, n = (32, 4, 16, 4, 128) if args.tiny else (384, 12, 256, 16, args.tokens)
     torch.manual_seed(0)
     layer = hla_module.HLAttention(hidden, heads, chunk=chunk, pool=pool, top_k=args.top_k,
-                                   route=args.route).to(device=device, dtype=dtype).eval()
+                                   route=args.route, readout=args.readout).to(device=device, dtype=dtype).eval()
     x = torch.randn(1, n, hidden, device=device, dtype=dtype)
     qkv = torch.nn.Linear(hidden, 3 * hidden).to(device=device, dtype=dtype)
 
@@ -114,7 +118,7 @@ def main(argv=None):
             staged += (time.perf_counter() - t0) * 1e3
     staged /= args.iters
     print(f"{device} {dtype} · {n} tokens · {heads}x{hidden // heads} · chunk {chunk} · top_k {args.top_k} "
-          f"· route {args.route}")
+          f"· route {args.route} · readout {args.readout}")
     print(f"HLA layer {total:.3f} ms · causal SDPA layer {base:.3f} ms · ratio {total / base:.2f} "
           f"(medians of {args.iters}); with stage timers {staged:.3f} ms (mean)")
     print("| stage | ms (mean, with timers) |\n|---|---|")

@@ -14,6 +14,12 @@ Ranking by mean gate still scores every token against every past bucket (O(N^2 /
 ``route="chunk"`` ranks past chunks by the query chunk's mean routed query instead and computes
 per-token gates for the k kept chunks only (inference option: no regularisers in that mode).
 
+Inference (no gradient needed, no auxiliary losses asked for) on a GPU uses the fused readout
+(``readout="auto"``): one Triton kernel computes each token's gates on chip while it walks the past
+chunks, so the (B, H, N, nC) gate tensor never exists. ``readout="torch"`` forces the unfused path;
+``readout="triton"`` forces the kernel (also under TRITON_INTERPRET=1 on a CPU). Token-routed top-k
+and the gate threshold rank chunks by every gate, so they always take the unfused path.
+
 The paper's regularisers (budget, effective support, binary) are left in ``self.aux_losses`` after a
 forward with ``return_aux=True`` (or in training mode); add ``aux_losses['total']`` to the loss.
 The output goes through a per-head RMSNorm and the output projection (no short convolution here).
@@ -29,7 +35,10 @@ from torch import nn
 
 from ..kernels.hla import bucket_representatives, chunk_gates, fla_available, gate_regularisers, hla_chunked
 from ..kernels.hla.chunk import gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
-from ..kernels.hla.router import chunk_routed_gates
+from ..kernels.hla.readout import hla_fused_forward
+from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
+
+READOUTS = ("auto", "torch", "triton")
 
 
 class HLAttention(nn.Module):
@@ -38,10 +47,13 @@ class HLAttention(nn.Module):
     def __init__(self, hidden: int, heads: int, *, head_dim: int | None = None, chunk: int = 256,
                  pool: int = 16, gate_bias: float = 2.2, top_k: int | None = None,
                  gate_threshold: float | None = None, route: str = "token", backend: str = "auto",
-                 bias: bool = True, eps: float = 1e-6):
+                 readout: str = "auto", bias: bool = True, eps: float = 1e-6):
         super().__init__()
         if backend not in ("auto", "torch", "fla"):
             raise ValueError(f"backend={backend!r} is not allowed: use 'auto', 'torch' or 'fla'")
+        if readout not in READOUTS:
+            raise ValueError(f"readout={readout!r} is not allowed: use one of {READOUTS}")
+        self.readout = readout
         if chunk % pool:
             raise ValueError(f"pool={pool} must divide chunk={chunk}")
         if route not in ("token", "chunk"):
@@ -105,6 +117,20 @@ class HLAttention(nn.Module):
         77-token prompt is not padded to 256)."""
         return self.chunk if n > self.chunk else self.pool * math.ceil(n / self.pool)
 
+    def _fused_readout(self, x, need_aux: bool) -> bool:
+        """Whether this forward takes the fused Triton readout (see the module docstring)."""
+        if self.readout == "torch":
+            return False
+        token_ranked = self.gate_threshold is not None or (self.top_k is not None and self.route == "token")
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        blocker = ("gradients are needed" if needs_grad else "auxiliary losses are asked for" if need_aux
+                   else "chunks are ranked by every token's gate (gate_threshold, or top_k with route='token')"
+                   if token_ranked else None)
+        if self.readout == "triton" and blocker:
+            raise ValueError(f"readout='triton' is inference-only and cannot serve this call: {blocker}; "
+                             "use readout='torch' or 'auto'")
+        return blocker is None and (self.readout == "triton" or x.is_cuda)
+
     def gates(self, q, k, chunk: int | None = None):
         """Past-chunk gates (B, H, nC, C, nC) for q, k already padded to whole chunks."""
         chunk = chunk or self.chunk
@@ -120,6 +146,15 @@ class HLAttention(nn.Module):
         n = x.shape[1]
         chunk = self.chunk_for(n) if gates_override is None else self.chunk
         qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
+        need_aux = bool(return_aux or (return_aux is None and self.training))
+        if gates_override is None and self._fused_readout(x, need_aux):
+            q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
+            reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
+            order = chunk_routing_order(q_route, reps, chunk, self.top_k) if self.top_k is not None else None
+            o = hla_fused_forward(qp, kp, vp, lap, bp, q_route, reps, self.gate_bias, chunk=chunk, order=order,
+                                  summaries=backend)[:, :n]
+            self.aux_losses = {}
+            return self.out_proj(self.out_norm(o).flatten(-2))
         if self.route == "chunk" and self.top_k is not None and gates_override is None:
             q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
             reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
@@ -134,7 +169,7 @@ class HLAttention(nn.Module):
         if self.top_k is not None or self.gate_threshold is not None:
             keep = select_chunks(gates, top_k=self.top_k, threshold=self.gate_threshold)
         o = hla_chunked(qp, kp, vp, lap, bp, gates, chunk=chunk, backend=backend, keep=keep)[:, :n]
-        if return_aux or (return_aux is None and self.training):
+        if need_aux:
             self.aux_losses = gate_regularisers(gates.float())
         o = self.out_norm(o)
         return self.out_proj(o.flatten(-2))

@@ -78,27 +78,39 @@ def gate_regularisers(gates, budget_weight=0.005, budget=3.0, support_weight=0.0
             "total": budget_l + support_l + binary_l}
 
 
-def chunk_routed_gates(q_route, reps, chunk: int, bias: float, top_k: int):
-    """Beyond the paper, a cheap router for top-k reading: each query chunk first ranks its past
-    chunks by the log-mean-exp score of its *mean* routed query (nC x nC work instead of N x nC),
-    keeps the top k, and only then computes per-token gates, for those k chunks alone.
+def chunk_routing_order(q_route, reps, chunk: int, top_k: int):
+    """Beyond the paper, a cheap router for top-k reading: each query chunk ranks its past chunks by
+    the log-mean-exp score of its *mean* routed query (nC x nC work instead of N x nC) and keeps k.
 
-    Returns order (B,H,nC,k) past-chunk indices newest first (-1 = none) and gates (B,H,nC,C,k).
+    Returns order (B,H,nC,k): past-chunk indices, newest first, -1 where fewer than k exist.
     """
     b, n, h, d = q_route.shape
-    nc, nb = n // chunk, reps.shape[3]
+    nc = n // chunk
     k = max(1, min(int(top_k), nc))
-    qc = q_route.reshape(b, nc, chunk, h, d).movedim(3, 1)                   # (B,H,nC,C,D)
-    q_mean = qc.mean(dim=3)                                                  # (B,H,nC,D)
+    q_mean = q_route.reshape(b, nc, chunk, h, d).mean(dim=2).movedim(2, 1)  # (B,H,nC,D)
     s = torch.einsum("bhcd,bhjpd->bhcjp", q_mean, reps) / math.sqrt(d)
     score = torch.logsumexp(s, dim=-1)                                       # (B,H,nC,nC)
     past = torch.ones(nc, nc, dtype=torch.bool, device=q_route.device).tril(-1)
     score = score.masked_fill(~past, -float("inf"))
     top = score.topk(k, dim=-1)
     order = torch.where(torch.isfinite(top.values), top.indices, -1)
-    order = order.sort(dim=-1, descending=True).values                       # newest first, -1 last
+    return order.sort(dim=-1, descending=True).values                       # newest first, -1 last
+
+
+def listed_chunk_gates(q_route, reps, order, chunk: int, bias: float):
+    """Per-token gates (B,H,nC,C,k) for the past chunks listed in ``order`` (B,H,nC,k), computed as
+    ``chunk_gates`` computes them; 0 where the entry is -1."""
+    b, n, h, d = q_route.shape
+    nc, nb, k = n // chunk, reps.shape[3], order.shape[-1]
+    qc = q_route.reshape(b, nc, chunk, h, d).movedim(3, 1)                   # (B,H,nC,C,D)
     idx = order.clamp_min(0).reshape(b, h, nc * k)
     sel = torch.gather(reps, 2, idx[..., None, None].expand(-1, -1, -1, nb, d)).reshape(b, h, nc, k, nb, d)
     tok = torch.einsum("bhcld,bhckpd->bhclkp", qc, sel) / math.sqrt(d)
     gates = torch.sigmoid(torch.logsumexp(tok, dim=-1) - math.log(nb) + bias)  # (B,H,nC,C,k)
-    return order, gates * (order >= 0)[:, :, :, None, :].to(gates.dtype)
+    return gates * (order >= 0)[:, :, :, None, :].to(gates.dtype)
+
+
+def chunk_routed_gates(q_route, reps, chunk: int, bias: float, top_k: int):
+    """``chunk_routing_order`` then ``listed_chunk_gates``: returns order (B,H,nC,k) and gates (B,H,nC,C,k)."""
+    order = chunk_routing_order(q_route, reps, chunk, top_k)
+    return order, listed_chunk_gates(q_route, reps, order, chunk, bias)

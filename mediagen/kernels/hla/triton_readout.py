@@ -1,0 +1,169 @@
+"""Fused HLA readout for inference: the chunk gates computed on chip and the walk over past chunks,
+in one Triton kernel (forward only).
+
+The plain-PyTorch path (``router.chunk_gates`` then ``chunk.hla_walk``) writes every token's gate for
+every past chunk to memory (B·H·N·nC values, each from nb bucket scores) and walks in nC − 1 batched
+GEMM steps, each a round trip of all effective queries r through memory. Here program
+(b·h, query chunk c, token tile) keeps its tile of r (BT × K) and of the output (BT × V) in
+registers and visits the past chunks j = c−1, ..., 0 (or a listed subset, newest first):
+
+    g   = sigmoid(log mean_p exp(q_route · rep_{j,p} / sqrt(D)) + bias)      one gate per token
+    out += g · (r b_j),      r <- r + g · (r A_j − r)                          (A^ = g A + (1−g) I)
+
+so nothing of size N × nC reaches memory. Programs of the last chunks walk longest; they are launched
+first (chunk index descending along grid axis 1). No gradients: training, and the paper's gate
+regularisers (which need every gate), use the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..triton_dot import dot as _dot
+
+POISON_OUTPUTS = False  # tests set this: outputs start as NaN, so an unwritten element shows
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER,
+                       si_b, si_h, si_c, si_l, si_v,
+                       sr_b, sr_h, sr_c, sr_l, sr_k,
+                       sa_b, sa_h, sa_c, sa_i, sa_j,
+                       sb_b, sb_h, sb_c, sb_k, sb_v,
+                       sq_b, sq_n, sq_h, sq_d,
+                       sp_b, sp_h, sp_c, sp_p, sp_d,
+                       sd_b, sd_h, sd_c, sd_m,
+                       H, NC, C, K, V, D, NB, STEPS, TILES, score_scale_log2, bias_lme,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
+                       BNB: tl.constexpr, INDEXED: tl.constexpr, IEEE: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    ct = tl.program_id(1)
+    c = NC - 1 - ct // TILES                     # longest walks first
+    ll = (ct % TILES) * BT + tl.arange(0, BT)
+    kk = tl.arange(0, BK)
+    vv = tl.arange(0, BV)
+    dd = tl.arange(0, BD)
+    pp = tl.arange(0, BNB)
+    lmask = ll < C
+    kmask = kk < K
+    vmask = vv < V
+    dmask = dd < D
+    pmask = pp < NB
+
+    r = tl.load(R + b * sr_b + h * sr_h + c * sr_c + ll[:, None] * sr_l + kk[None, :] * sr_k,
+                mask=lmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+    acc = tl.load(OI + b * si_b + h * si_h + c * si_c + ll[:, None] * si_l + vv[None, :] * si_v,
+                  mask=lmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+    qr = tl.load(QR + b * sq_b + (c * C + ll[:, None]) * sq_n + h * sq_h + dd[None, :] * sq_d,
+                 mask=lmask[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        qr = qr.to(tl.float32)
+
+    if INDEXED:
+        n_steps = STEPS
+    else:
+        n_steps = c
+    for m in range(0, n_steps):
+        if INDEXED:
+            j = tl.load(ORDER + b * sd_b + h * sd_h + c * sd_c + m * sd_m)
+            on = (j >= 0).to(tl.float32)
+            j = tl.maximum(j, 0)
+        else:
+            j = c - 1 - m
+            on = 1.0
+        # the gate: log-mean-exp over the chunk's bucket representatives, in base 2 on chip
+        reps = tl.load(REPS + b * sp_b + h * sp_h + j * sp_c + pp[:, None] * sp_p + dd[None, :] * sp_d,
+                       mask=pmask[:, None] & dmask[None, :], other=0.0)
+        if IEEE:
+            reps = reps.to(tl.float32)
+        s = _dot(qr, tl.trans(reps), IEEE) * score_scale_log2          # (BT, BNB), log2 units
+        s = tl.where(pmask[None, :], s, float("-inf"))
+        top = tl.max(s, axis=1)
+        lme = (top + tl.log2(tl.sum(tl.exp2(s - top[:, None]), axis=1))) * _LN2 + bias_lme
+        g = on / (1.0 + tl.exp(-lme))
+        # the chunk's affine map, read in place; padded rows/columns load as 0 and stay 0 in r
+        a = tl.load(A + b * sa_b + h * sa_h + j * sa_c + kk[:, None] * sa_i + kk[None, :] * sa_j,
+                    mask=kmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        bm = tl.load(BM + b * sb_b + h * sb_h + j * sb_c + kk[:, None] * sb_k + vv[None, :] * sb_v,
+                     mask=kmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+        yb = _dot(r, bm, IEEE)
+        ya = _dot(r, a, IEEE) - r
+        acc += g[:, None] * yb
+        r += g[:, None] * ya
+
+    # OUT is (B, H, nC, C, V) contiguous
+    out_off = (((b * H + h) * NC + c) * C + ll[:, None]) * V + vv[None, :]
+    tl.store(OUT + out_off, acc, mask=lmask[:, None] & vmask[None, :])
+
+
+def _check(o_intra, r, a, b, q_route, reps, order):
+    if o_intra.dim() != 5:
+        raise ValueError(f"o_intra must be (B, H, nC, C, V); got shape {tuple(o_intra.shape)}")
+    B, H, NC, C, V = o_intra.shape
+    K = r.shape[-1]
+    want = {"r": (r, (B, H, NC, C, K)), "a": (a, (B, H, NC, K, K)), "b": (b, (B, H, NC, K, V))}
+    for name, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; o_intra {tuple(o_intra.shape)} needs {shape}")
+    if q_route.dim() != 4 or tuple(q_route.shape[:3]) != (B, NC * C, H):
+        raise ValueError(f"q_route must be (B, nC*C, H, D) = ({B}, {NC * C}, {H}, D); got {tuple(q_route.shape)}")
+    D = q_route.shape[-1]
+    if reps.dim() != 5 or tuple(reps.shape[:3]) != (B, H, NC) or reps.shape[-1] != D:
+        raise ValueError(f"reps must be (B, H, nC, nb, D) = ({B}, {H}, {NC}, nb, {D}); got {tuple(reps.shape)}")
+    if reps.dtype != q_route.dtype:
+        raise ValueError(f"reps ({reps.dtype}) and q_route ({q_route.dtype}) must share one dtype")
+    if order is not None:
+        if order.dim() != 4 or tuple(order.shape[:3]) != (B, H, NC):
+            raise ValueError(f"order must be (B, H, nC, k) = ({B}, {H}, {NC}, k); got {tuple(order.shape)}")
+        if order.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"order must hold integer chunk indices; got {order.dtype}")
+    devices = {t.device for t in (o_intra, r, a, b, q_route, reps)}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device; got {sorted(map(str, devices))}")
+    if max(K, V, D) > 128:
+        raise ValueError(f"head dims up to 128 are supported by the fused readout; got K={K}, V={V}, D={D}")
+
+
+def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, ieee: bool | None = None,
+                       block_tokens: int | None = None):
+    """HLA output per chunk (B, H, nC, C, V) in fp32: the current chunk's ``o_intra`` plus the gated walk
+    over past chunks, with the gates computed from ``q_route`` (B, nC·C, H, D) and the chunks' bucket
+    representatives ``reps`` (B, H, nC, nb, D) exactly as ``router.chunk_gates`` does.
+
+    order (B, H, nC, k): visit only these past chunks (newest first, −1 = none), as
+    ``chunk.hla_walk_indexed`` does; None visits every past chunk. ``ieee``: exact fp32 products
+    (default: on the CPU interpreter and for fp64 inputs' callers; tf32 / bf16 tensor cores otherwise).
+    """
+    _check(o_intra, r, a, b, q_route, reps, order)
+    B, H, NC, C, V = o_intra.shape
+    K, D, NB = r.shape[-1], q_route.shape[-1], reps.shape[3]
+    if ieee is None:
+        ieee = not o_intra.is_cuda
+    bk, bv, bd = (max(16, triton.next_power_of_2(x)) for x in (K, V, D))
+    bnb = max(16, triton.next_power_of_2(NB))
+    bt = block_tokens or (64 if max(bk, bv) <= 64 else 32)
+    tiles = triton.cdiv(C, bt)
+    out = torch.empty(B, H, NC, C, V, device=o_intra.device, dtype=torch.float32)
+    if POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    if order is None:
+        order_t, steps, indexed = torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=o_intra.device), 0, False
+    else:
+        order_t, steps, indexed = order.to(torch.int32), order.shape[-1], True
+    grid = (B * H, NC * tiles)
+    hla_readout_kernel[grid](
+        out, o_intra, r, a, b, q_route, reps, order_t,
+        *o_intra.stride(), *r.stride(), *a.stride(), *b.stride(), *q_route.stride(), *reps.stride(),
+        *order_t.stride(),
+        H, NC, C, K, V, D, NB, steps, tiles, _LOG2E / math.sqrt(D), float(bias) - math.log(NB),
+        BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee, num_warps=4)
+    return out

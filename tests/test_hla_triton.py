@@ -1,0 +1,138 @@
+"""The fused Triton HLA readout (gates on chip + walk over past chunks) against the unfused fp64
+reference, on fresh random inputs. On a CPU it runs in Triton's interpreter (tests/conftest.py), so
+the shapes are small; on a GPU the same tests run, plus a real size in bf16 with tf32 products."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mediagen.attention.hla import HLAttention
+from mediagen.kernels.hla import bucket_representatives, chunk_summaries
+from mediagen.kernels.hla import triton_readout
+from mediagen.kernels.hla.readout import hla_readout_reference
+from mediagen.kernels.hla.router import chunk_routing_order
+from mediagen.kernels.hla.triton_readout import hla_readout_triton
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(triton_readout, "POISON_OUTPUTS", True)
+
+
+def fresh_seed():
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def problem(B, H, nc, C, K, V, D, pool, device, seed):
+    """Summaries of a random GDN sequence (fp64), a routed query and bucket representatives."""
+    g = torch.Generator().manual_seed(seed)
+    n = nc * C
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    q, k = F.normalize(rnd(B, n, H, K), dim=-1), F.normalize(rnd(B, n, H, K), dim=-1)
+    v = rnd(B, n, H, V)
+    log_alpha = -0.2 * torch.rand(B, n, H, generator=g, dtype=torch.float64)
+    beta = torch.rand(B, n, H, generator=g, dtype=torch.float64)
+    o_intra, r, a, b = chunk_summaries(q, k, v, log_alpha, beta, K ** -0.5, C)
+    q_route = rnd(B, n, H, D)
+    w = [torch.eye(D, dtype=torch.float64) + 0.3 * rnd(H, D, D) for _ in range(3)]
+    reps = bucket_representatives(rnd(B, n, H, D), *w, C, pool)
+    return [t.to(device) for t in (o_intra, r, a, b, q_route, reps)]
+
+
+def rel_err(got, want):
+    assert torch.isfinite(got).all(), "readout left unwritten (NaN) or non-finite elements"
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+CASES = [  # B, H, nC, C, K, V, D, pool, block_tokens
+    (2, 2, 5, 8, 16, 16, 16, 4, None),       # nb = 2 buckets (padded to 16 lanes), C < one tile
+    (1, 3, 4, 24, 24, 20, 24, 8, 16),        # dims not powers of two, K != V, ragged last token tile
+    (1, 1, 6, 32, 32, 32, 32, 2, 8),         # nb = 16, four token tiles per chunk
+]
+
+
+@pytest.mark.parametrize("B,H,nc,C,K,V,D,pool,bt", CASES)
+@pytest.mark.parametrize("listed", [False, True])
+def test_fused_readout_matches_reference(device, B, H, nc, C, K, V, D, pool, bt, listed):
+    seed = fresh_seed()
+    o_intra, r, a, b, q_route, reps = problem(B, H, nc, C, K, V, D, pool, device, seed)
+    bias = 0.7
+    order = None
+    if listed:  # top-2 routing, plus a hole (-1) in the middle of one list
+        order = chunk_routing_order(q_route, reps, C, 2)
+        order[0, 0, -1, 0] = -1
+    want = hla_readout_reference(o_intra, r, a, b, q_route, reps, bias, order)
+    got = hla_readout_triton(*(t.float() for t in (o_intra, r, a, b, q_route, reps)), bias, order, ieee=True,
+                             block_tokens=bt)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert rel_err(got, want) < 1e-5, f"seed {seed}"
+    # the walk matters: dropping it (o_intra alone) is far from the answer
+    assert rel_err(o_intra, want) > 1e-2
+
+
+def test_reading_in_place_through_strides(device):
+    """Non-contiguous views (as fla's summaries and a (B, N, H, D) routed query arrive) read correctly."""
+    seed = fresh_seed()
+    o_intra, r, a, b, q_route, reps = problem(1, 2, 3, 16, 16, 16, 16, 4, device, seed)
+    want = hla_readout_reference(o_intra, r, a, b, q_route, reps, 0.3)
+    views = [t.float().transpose(-1, -2).contiguous().transpose(-1, -2) for t in (o_intra, r, a, b, reps)]
+    q_nc = q_route.float().transpose(1, 2).contiguous().transpose(1, 2)
+    assert not views[0].is_contiguous() and not q_nc.is_contiguous()
+    got = hla_readout_triton(*views[:4], q_nc, views[4], 0.3, ieee=True)
+    assert rel_err(got, want) < 1e-5, f"seed {seed}"
+
+
+@pytest.mark.parametrize("route,top_k", [("token", None), ("chunk", 2)])
+def test_layer_fused_readout_equals_unfused(device, route, top_k):
+    seed = fresh_seed()
+    torch.manual_seed(seed)
+    layer = HLAttention(32, 2, chunk=16, pool=4, top_k=top_k, route=route, backend="torch").to(device).eval()
+    x = torch.randn(2, 70, 32, device=device)                        # 5 chunks, the last one padded
+    with torch.no_grad():
+        layer.readout = "torch"
+        want = layer(x)
+        layer.readout = "triton"
+        got = layer(x)
+    assert rel_err(got, want) < 1e-4, f"seed {seed}"
+
+
+def test_layer_refuses_the_kernel_where_it_cannot_serve(device):
+    layer = HLAttention(32, 2, chunk=16, pool=4, readout="triton").to(device)
+    x = torch.randn(1, 40, 32, device=device)
+    with pytest.raises(ValueError, match="gradients are needed"):
+        layer(x)
+    with torch.no_grad(), pytest.raises(ValueError, match="auxiliary losses"):
+        layer(x, return_aux=True)
+    layer.eval().top_k = 1
+    with torch.no_grad(), pytest.raises(ValueError, match="route='token'"):
+        layer(x)
+    with pytest.raises(ValueError, match="readout='fast'"):
+        HLAttention(32, 2, readout="fast")
+
+
+def test_bad_inputs_name_the_parameter(device):
+    o_intra, r, a, b, q_route, reps = (t.float() for t in problem(1, 1, 2, 8, 16, 16, 16, 4, device, 0))
+    with pytest.raises(ValueError, match="^a has shape"):
+        hla_readout_triton(o_intra, r, a[..., :8], b, q_route, reps, 0.0)
+    with pytest.raises(ValueError, match="^q_route must be"):
+        hla_readout_triton(o_intra, r, a, b, q_route[:, :8], reps, 0.0)
+    with pytest.raises(ValueError, match="^reps .* must share one dtype"):
+        hla_readout_triton(o_intra, r, a, b, q_route, reps.double(), 0.0)
+    with pytest.raises(ValueError, match="^order must hold integer"):
+        hla_readout_triton(o_intra, r, a, b, q_route, reps, 0.0, order=torch.zeros(1, 1, 2, 1, device=device))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="real size needs the GPU")
+def test_real_size_bf16_tensor_cores():
+    """MiniLM heads (12 x 32), 8,192 tokens, chunk 256, pool 16: bf16 routed query, tf32 walk."""
+    seed = fresh_seed()
+    o_intra, r, a, b, q_route, reps = problem(1, 12, 32, 256, 32, 32, 32, 16, "cuda", seed)
+    want = hla_readout_reference(o_intra, r, a, b, q_route, reps, 2.2)
+    got = hla_readout_triton(o_intra.bfloat16(), r.float(), a.float(), b.float(), q_route.bfloat16(),
+                             reps.bfloat16(), 2.2)
+    assert rel_err(got, want) < 1e-2, f"seed {seed}"
