@@ -81,6 +81,7 @@ def main(argv=None):
     ap.add_argument("--route", default="token", choices=["token", "chunk"])
     ap.add_argument("--readout", default="auto", choices=["auto", "torch", "triton"],
                     help="auto: the fused Triton readout on a GPU (gates + walk in one kernel); torch: unfused")
+    ap.add_argument("--kernels", action="store_true", help="also print torch.profiler's per-kernel GPU times")
     ap.add_argument("--iters", type=int, default=5)
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
@@ -126,6 +127,13 @@ def main(argv=None):
         print(f"| {name} | {ms / args.iters:.3f} |")
     rest = staged - sum(totals.values()) / args.iters
     print(f"| rest (projections, gates' einsum, norms, out_proj) | {rest:.3f} |")
+    if args.kernels and device.type == "cuda":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.iters):
+                hla()
+            sync(device)
+        print(f"GPU kernels over {args.iters} layer calls:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
 
 
 if __name__ == "__main__":

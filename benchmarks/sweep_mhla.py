@@ -2,6 +2,7 @@
 KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
 
     python benchmarks/sweep_mhla.py [--quick]
+    python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernel's settings
 """
 
 import argparse
@@ -50,11 +51,32 @@ def kernel_calls(x):
     }
 
 
+def sweep_mix(shapes):
+    """The mixing kernel S~ = Mc S alone (forward direction) at the chunked shapes."""
+    default = dict(T.KERNEL_CONFIGS["mix"])
+    for s in shapes:
+        x = chunked_inputs(s, 1)
+        rows = []
+        for bx, bk, warps, stages in itertools.product((128, 256, 512), (32, 64), (4, 8), (2, 3)):
+            T.KERNEL_CONFIGS["mix"] = dict(BX=bx, BK=bk, warps=warps, stages=stages)
+            rows.append((timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)), bx, bk, warps, stages))
+        T.KERNEL_CONFIGS["mix"] = dict(default)
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        now = timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False))
+        print(f"{s.name} mix (M={x['M']}, X={x['sz'].shape[-1]}): best {ok[:4]}; default {default} -> {now}; "
+              f"worst {ok[-1]}", flush=True)
+        del x
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--mix", action="store_true", help="sweep only the block-mixing kernel")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
+    if args.mix:
+        sweep_mix([s for s in GPU_SHAPES if 1024 <= s.tokens <= 32768])
+        return
     wan, dit256, dit512 = shapes["Wan2.1-1.3B 81f 480x832"], shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]
     defaults = {k: dict(v) for k, v in T.KERNEL_CONFIGS.items()}
     grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))

@@ -98,7 +98,8 @@ def test_layer_fused_readout_equals_unfused(device, route, top_k):
         want = layer(x)
         layer.readout = "triton"
         got = layer(x)
-    assert rel_err(got, want) < 1e-4, f"seed {seed}"
+    # the GPU multiplies fp32 in tf32 (10-bit mantissa), the interpreter exactly
+    assert rel_err(got, want) < (2e-3 if x.is_cuda else 1e-4), f"seed {seed}"
 
 
 def test_layer_refuses_the_kernel_where_it_cannot_serve(device):

@@ -26,9 +26,12 @@ import triton.language as tl
 from ..triton_dot import dot as _dot
 
 POISON_OUTPUTS = False  # tests set this: outputs start as NaN, so an unwritten element shows
+# launch settings: BT tokens per program (by padded head dim, up to 64 or 128), warps, pipeline
+# stages; benchmarks/sweep_hla_readout.py measures the choices
+READOUT_CONFIG = {"BT": {64: 64, 128: 32}, "warps": 4, "stages": 3}
 
 _LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -134,7 +137,7 @@ def _check(o_intra, r, a, b, q_route, reps, order):
 
 
 def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, ieee: bool | None = None,
-                       block_tokens: int | None = None):
+                       block_tokens: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
     """HLA output per chunk (B, H, nC, C, V) in fp32: the current chunk's ``o_intra`` plus the gated walk
     over past chunks, with the gates computed from ``q_route`` (B, nC·C, H, D) and the chunks' bucket
     representatives ``reps`` (B, H, nC, nb, D) exactly as ``router.chunk_gates`` does.
@@ -150,7 +153,7 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
         ieee = not o_intra.is_cuda
     bk, bv, bd = (max(16, triton.next_power_of_2(x)) for x in (K, V, D))
     bnb = max(16, triton.next_power_of_2(NB))
-    bt = block_tokens or (64 if max(bk, bv) <= 64 else 32)
+    bt = block_tokens or READOUT_CONFIG["BT"][64 if max(bk, bv) <= 64 else 128]
     tiles = triton.cdiv(C, bt)
     out = torch.empty(B, H, NC, C, V, device=o_intra.device, dtype=torch.float32)
     if POISON_OUTPUTS:
@@ -165,5 +168,6 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
         *o_intra.stride(), *r.stride(), *a.stride(), *b.stride(), *q_route.stride(), *reps.stride(),
         *order_t.stride(),
         H, NC, C, K, V, D, NB, steps, tiles, _LOG2E / math.sqrt(D), float(bias) - math.log(NB),
-        BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee, num_warps=4)
+        BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee,
+        num_warps=num_warps or READOUT_CONFIG["warps"], num_stages=num_stages or READOUT_CONFIG["stages"])
     return out

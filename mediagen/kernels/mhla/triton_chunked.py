@@ -12,6 +12,9 @@ With ROPE (rotation.py) the features that meet S (k in the summary, q in apply a
 gradients) are rotated in registers and z, den stay un-rotated; gradients that arrive in rotated
 coordinates are rotated back before the feature map's derivative.
 Every kernel tiles the output columns (TILE of the D columns per program) so D up to 256 fits.
+D is a compile-time constant: with a head dim that is not a multiple of 16 (DiT's 72) a run-time D
+leaves the compiler unable to prove the column masks constant over 8 lanes, and every load and store
+of a token row falls back to 2-byte accesses.
 Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
 """
@@ -26,7 +29,7 @@ from .triton_common import feature, feature_grad, rope_tables, rotate, split_ran
 @triton.jit
 def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
                    skb, skn, skh, skd, svb, svn, svh, svd, sct, scj, sst, ssj,
-                   H, MJ, J, D, X,
+                   H, MJ, J, D: tl.constexpr, X,
                    BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr):
     bh = tl.program_id(0)
@@ -69,7 +72,7 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
 @triton.jit
 def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
                  sqb, sqn, sqh, sqd, sob, son, soh, sod, sct, scj, sst, ssj,
-                 H, M, J, D, X, eps, scale,
+                 H, M, J, D: tl.constexpr, X, eps, scale,
                  BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                  FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr,
                  ROPE: tl.constexpr):
@@ -121,7 +124,7 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
 def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod, sdb, sdn, sdh, sdd,
                       sct, scj, sst, ssj,
-                      H, M, J, D, X, eps, scale,
+                      H, M, J, D: tl.constexpr, X, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
                       LOWP: tl.constexpr):
@@ -210,7 +213,7 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
 def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
                     skb, skn, skh, skd, svb, svn, svh, svd,
                     sdkb, sdkn, sdkh, sdkd, sdvb, sdvn, sdvh, sdvd, sct, scj, sst, ssj,
-                    H, M, J, D, X,
+                    H, M, J, D: tl.constexpr, X,
                     BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                     FEATURE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, LOWP: tl.constexpr):
     bh = tl.program_id(0)

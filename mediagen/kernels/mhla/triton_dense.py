@@ -5,7 +5,7 @@ For a tile of queries the kernel walks all keys like flash attention, without th
 This is the dense form of MHLA (DESIGN.md) and costs O(N^2 D), which beats writing, mixing and
 re-reading M per-block D x D summaries when N is small (DiT at 256 px: N = 256, M = 16, d = 72,
 where the summaries outweigh q, k and v together). Tokens stay in their grid order; each token's
-block id comes from a small int32 table. With ROPE the numerator's scores use rotated features,
+block id comes from a small int32 table. D is a compile-time constant (see triton_chunked.py). With ROPE the numerator's scores use rotated features,
 R_t(phi(q_t)).R_s(phi(k_s)), and the denominator's do not (a second score dot).
 """
 
@@ -19,7 +19,7 @@ from .triton_common import feature, rope_tables, rotate
 def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          sct, scj, sst, ssj,
-                         N, H, D, M, mix_head_stride, eps, scale,
+                         N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
                          BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr,
                          ONEHOT: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
                          IEEE: tl.constexpr, ROPE: tl.constexpr):

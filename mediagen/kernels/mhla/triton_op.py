@@ -58,6 +58,7 @@ KERNEL_CONFIGS = {
     "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=True),
     "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=True),
     "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
+    "mix": dict(BX=128, BK=32, warps=4, stages=3),  # BX summary columns per program, BK blocks per step
 }
 
 
@@ -148,8 +149,10 @@ def launch_mix(mix, src, J, ieee, transpose=False):
         sai, saj = saj, sai
     out = _new((B, H, M, X), src, torch.float32)
     BM = min(64, max(16, triton.next_power_of_2(M)))
-    mix_kernel[(B * H, triton.cdiv(X, 128), triton.cdiv(M, BM))](
-        m, src, out, sah, sai, saj, H, M, K, J, X, BM=BM, BK=32, BX=128, IEEE=ieee, num_warps=4)
+    c = KERNEL_CONFIGS["mix"]
+    mix_kernel[(B * H, triton.cdiv(X, c["BX"]), triton.cdiv(M, BM))](
+        m, src, out, sah, sai, saj, H, M, K, J, X, BM=BM, BK=c["BK"], BX=c["BX"], IEEE=ieee,
+        num_warps=c["warps"], num_stages=c["stages"])
     return out
 
 
