@@ -87,6 +87,26 @@ def test_reading_in_place_through_strides(device):
     assert rel_err(got, want) < 1e-5, f"seed {seed}"
 
 
+def test_fused_rms_norm_into_a_token_major_buffer(device):
+    """norm_weight applies nn.RMSNorm's formula in the epilogue; out= writes through a permuted view of a
+    (B, nC*C, H, V) bf16 buffer, the layout the layer's output projection reads."""
+    seed = fresh_seed()
+    B, H, nc, C, V = 2, 2, 3, 16, 24
+    o_intra, r, a, b, q_route, reps = problem(B, H, nc, C, 16, V, 16, 4, device, seed)
+    weight = torch.rand(V, dtype=torch.float64, device=device) + 0.5
+    want = F.rms_norm(hla_readout_reference(o_intra, r, a, b, q_route, reps, 0.4), (V,), weight, 1e-5)
+    want = want.permute(0, 2, 3, 1, 4).reshape(B, nc * C, H, V)
+    buf = torch.full((B, nc * C, H, V), float("nan"), dtype=torch.bfloat16, device=device)
+    view = buf.view(B, nc, C, H, V).permute(0, 3, 1, 2, 4)
+    hla_readout_triton(*(t.float() for t in (o_intra, r, a, b, q_route, reps)), 0.4, ieee=True,
+                       norm_weight=weight.float(), norm_eps=1e-5, out=view)
+    assert rel_err(buf, want) < 1e-2, f"seed {seed}"          # bf16 rounding of the stored values
+    with pytest.raises(ValueError, match="^norm_weight must have shape"):
+        hla_readout_triton(*(t.float() for t in (o_intra, r, a, b, q_route, reps)), 0.4, norm_weight=weight[:3])
+    with pytest.raises(ValueError, match="^out must be"):
+        hla_readout_triton(*(t.float() for t in (o_intra, r, a, b, q_route, reps)), 0.4, out=buf)
+
+
 @pytest.mark.parametrize("route,top_k", [("token", None), ("chunk", 2)])
 def test_layer_fused_readout_equals_unfused(device, route, top_k):
     seed = fresh_seed()

@@ -151,10 +151,11 @@ class HLAttention(nn.Module):
             q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
             reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
             order = chunk_routing_order(q_route, reps, chunk, self.top_k) if self.top_k is not None else None
+            norm_eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(x.dtype).eps
             o = hla_fused_forward(qp, kp, vp, lap, bp, q_route, reps, self.gate_bias, chunk=chunk, order=order,
-                                  summaries=backend)[:, :n]
+                                  summaries=backend, norm_weight=self.out_norm.weight, norm_eps=norm_eps)[:, :n]
             self.aux_losses = {}
-            return self.out_proj(self.out_norm(o).flatten(-2))
+            return self.out_proj(o.flatten(-2))     # out_norm is applied inside the kernel
         if self.route == "chunk" and self.top_k is not None and gates_override is None:
             q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
             reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)

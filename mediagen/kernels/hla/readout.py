@@ -4,6 +4,9 @@ both (``triton_readout``, forward only, imported lazily)."""
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
 from .chunk import _unchunked, chunk_summaries, hla_walk, hla_walk_indexed, pad_to_chunks
 from .router import chunk_gates, listed_chunk_gates
 
@@ -23,23 +26,34 @@ def hla_readout_reference(o_intra, r, a, b, q_route, reps, bias: float, order=No
     return hla_walk_indexed(o_intra, r, a, b, order, gates)
 
 
-def hla_readout(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, backend: str = "triton"):
+def hla_readout(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, backend: str = "triton",
+                **triton_options):
     """Dispatch the readout: ``backend`` "torch" (reference) or "triton" (fused; CUDA, or any device
-    under TRITON_INTERPRET=1). Triton returns fp32; the reference returns r's dtype."""
+    under TRITON_INTERPRET=1; ``triton_options`` go to ``hla_readout_triton``). Triton returns fp32
+    (or fills ``out=``); the reference returns r's dtype."""
     if backend == "torch":
         return hla_readout_reference(o_intra, r, a, b, q_route, reps, bias, order)
     if backend == "triton":
         from .triton_readout import hla_readout_triton
-        return hla_readout_triton(o_intra, r, a, b, q_route, reps, bias, order)
+        return hla_readout_triton(o_intra, r, a, b, q_route, reps, bias, order, **triton_options)
     raise ValueError(f"backend={backend!r} is not allowed: use one of {READOUT_BACKENDS}")
 
 
 def hla_fused_forward(q, k, v, log_alpha, beta, q_route, reps, bias: float, *, chunk: int, order=None,
-                      summaries: str = "torch", readout: str = "triton"):
+                      summaries: str = "torch", readout: str = "triton", norm_weight=None, norm_eps: float = 1e-6):
     """HLA output (B, N, H, V) in q's dtype without materialising the gates: chunk summaries (fp32),
-    then the fused readout. Inputs are already padded to whole chunks (q_route and reps too)."""
+    then the fused readout. Inputs are already padded to whole chunks (q_route and reps too).
+    ``norm_weight`` (V,): the per-head RMSNorm of the output too, in the kernel's epilogue."""
     scale = q.shape[-1] ** -0.5
     q, k, v, log_alpha, beta, n = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
     o_intra, r, a, b = chunk_summaries(q, k, v, log_alpha, beta, scale, chunk, summaries)
-    o = hla_readout(o_intra, r, a, b, q_route, reps, bias, order, backend=readout)
-    return _unchunked(o)[:, :n].to(q.dtype)
+    if readout == "triton":
+        bsz, nc, c, h, dv = q.shape[0], q.shape[1] // chunk, chunk, q.shape[2], v.shape[-1]
+        out = torch.empty(bsz, nc * c, h, dv, device=q.device, dtype=q.dtype)
+        hla_readout(o_intra, r, a, b, q_route, reps, bias, order, norm_weight=norm_weight, norm_eps=norm_eps,
+                    out=out.view(bsz, nc, c, h, dv).permute(0, 3, 1, 2, 4))
+        return out[:, :n]
+    o = _unchunked(hla_readout(o_intra, r, a, b, q_route, reps, bias, order, backend=readout))[:, :n]
+    if norm_weight is not None:
+        o = F.rms_norm(o, (o.shape[-1],), norm_weight.to(o.dtype), norm_eps)
+    return o.to(q.dtype)

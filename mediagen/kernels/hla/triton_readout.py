@@ -28,14 +28,15 @@ from ..triton_dot import dot as _dot
 POISON_OUTPUTS = False  # tests set this: outputs start as NaN, so an unwritten element shows
 # launch settings: BT tokens per program (by padded head dim, up to 64 or 128), warps, pipeline
 # stages; benchmarks/sweep_hla_readout.py measures the choices
-READOUT_CONFIG = {"BT": {64: 64, 128: 32}, "warps": 4, "stages": 3}
+READOUT_CONFIG = {"BT": {64: 256, 128: 32}, "warps": 4, "stages": 3}
 
 _LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER,
+def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER, NW,
+                       so_b, so_h, so_c, so_l, so_v,
                        si_b, si_h, si_c, si_l, si_v,
                        sr_b, sr_h, sr_c, sr_l, sr_k,
                        sa_b, sa_h, sa_c, sa_i, sa_j,
@@ -43,9 +44,9 @@ def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER,
                        sq_b, sq_n, sq_h, sq_d,
                        sp_b, sp_h, sp_c, sp_p, sp_d,
                        sd_b, sd_h, sd_c, sd_m,
-                       H, NC, C, K, V, D, NB, STEPS, TILES, score_scale_log2, bias_lme,
+                       H, NC, C, K, V, D, NB, STEPS, TILES, score_scale_log2, bias_lme, norm_eps,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
-                       BNB: tl.constexpr, INDEXED: tl.constexpr, IEEE: tl.constexpr):
+                       BNB: tl.constexpr, INDEXED: tl.constexpr, IEEE: tl.constexpr, NORM: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -103,9 +104,12 @@ def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER,
         acc += g[:, None] * yb
         r += g[:, None] * ya
 
-    # OUT is (B, H, nC, C, V) contiguous
-    out_off = (((b * H + h) * NC + c) * C + ll[:, None]) * V + vv[None, :]
-    tl.store(OUT + out_off, acc, mask=lmask[:, None] & vmask[None, :])
+    if NORM:  # the layer's per-head RMSNorm, on the fp32 row (padded columns are 0)
+        w = tl.load(NW + vv, mask=vmask, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(acc * acc, axis=1) / V + norm_eps)
+        acc = acc * inv[:, None] * w[None, :]
+    out_off = b * so_b + h * so_h + c * so_c + ll[:, None] * so_l + vv[None, :] * so_v
+    tl.store(OUT + out_off, acc.to(OUT.dtype.element_ty), mask=lmask[:, None] & vmask[None, :])
 
 
 def _check(o_intra, r, a, b, q_route, reps, order):
@@ -137,7 +141,8 @@ def _check(o_intra, r, a, b, q_route, reps, order):
 
 
 def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, ieee: bool | None = None,
-                       block_tokens: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+                       block_tokens: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                       norm_weight=None, norm_eps: float = 1e-6, out=None):
     """HLA output per chunk (B, H, nC, C, V) in fp32: the current chunk's ``o_intra`` plus the gated walk
     over past chunks, with the gates computed from ``q_route`` (B, nC·C, H, D) and the chunks' bucket
     representatives ``reps`` (B, H, nC, nb, D) exactly as ``router.chunk_gates`` does.
@@ -145,6 +150,9 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
     order (B, H, nC, k): visit only these past chunks (newest first, −1 = none), as
     ``chunk.hla_walk_indexed`` does; None visits every past chunk. ``ieee``: exact fp32 products
     (default: on the CPU interpreter and for fp64 inputs' callers; tf32 / bf16 tensor cores otherwise).
+    ``norm_weight`` (V,): apply RMSNorm over V with this weight before the store (as ``nn.RMSNorm``).
+    ``out``: write into this (B, H, nC, C, V) tensor or strided view instead (any float dtype; a
+    permuted view of a (B, nC·C, H, V) buffer gives the layer's token-major layout directly).
     """
     _check(o_intra, r, a, b, q_route, reps, order)
     B, H, NC, C, V = o_intra.shape
@@ -153,9 +161,16 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
         ieee = not o_intra.is_cuda
     bk, bv, bd = (max(16, triton.next_power_of_2(x)) for x in (K, V, D))
     bnb = max(16, triton.next_power_of_2(NB))
-    bt = block_tokens or READOUT_CONFIG["BT"][64 if max(bk, bv) <= 64 else 128]
+    bt = block_tokens or min(READOUT_CONFIG["BT"][64 if max(bk, bv) <= 64 else 128],
+                             max(16, triton.next_power_of_2(C)))
     tiles = triton.cdiv(C, bt)
-    out = torch.empty(B, H, NC, C, V, device=o_intra.device, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(B, H, NC, C, V, device=o_intra.device, dtype=torch.float32)
+    elif tuple(out.shape) != (B, H, NC, C, V) or out.device != o_intra.device:
+        raise ValueError(f"out must be ({B}, {H}, {NC}, {C}, {V}) on {o_intra.device}; got {tuple(out.shape)} "
+                         f"on {out.device}")
+    if norm_weight is not None and tuple(norm_weight.shape) != (V,):
+        raise ValueError(f"norm_weight must have shape ({V},); got {tuple(norm_weight.shape)}")
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     if order is None:
@@ -164,10 +179,10 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
         order_t, steps, indexed = order.to(torch.int32), order.shape[-1], True
     grid = (B * H, NC * tiles)
     hla_readout_kernel[grid](
-        out, o_intra, r, a, b, q_route, reps, order_t,
-        *o_intra.stride(), *r.stride(), *a.stride(), *b.stride(), *q_route.stride(), *reps.stride(),
+        out, o_intra, r, a, b, q_route, reps, order_t, out if norm_weight is None else norm_weight,
+        *out.stride(), *o_intra.stride(), *r.stride(), *a.stride(), *b.stride(), *q_route.stride(), *reps.stride(),
         *order_t.stride(),
         H, NC, C, K, V, D, NB, steps, tiles, _LOG2E / math.sqrt(D), float(bias) - math.log(NB),
-        BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee,
+        float(norm_eps), BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee, NORM=norm_weight is not None,
         num_warps=num_warps or READOUT_CONFIG["warps"], num_stages=num_stages or READOUT_CONFIG["stages"])
     return out

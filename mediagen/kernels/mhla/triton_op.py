@@ -58,7 +58,7 @@ KERNEL_CONFIGS = {
     "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=True),
     "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=True),
     "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
-    "mix": dict(BX=128, BK=32, warps=4, stages=3),  # BX summary columns per program, BK blocks per step
+    "mix": dict(BX=128, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
 }
 
 
