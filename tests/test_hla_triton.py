@@ -122,6 +122,39 @@ def test_layer_fused_readout_equals_unfused(device, route, top_k):
     assert rel_err(got, want) < (2e-3 if x.is_cuda else 1e-4), f"seed {seed}"
 
 
+def test_layer_fused_readout_with_padding_mask(device):
+    """Masked (padded) tokens are identity steps in both paths; real tokens agree."""
+    seed = fresh_seed()
+    torch.manual_seed(seed)
+    layer = HLAttention(32, 2, chunk=16, pool=4, backend="torch").to(device).eval()
+    x = torch.randn(2, 64, 32, device=device)
+    mask = torch.ones(2, 64, device=device)
+    mask[1, 41:] = 0
+    with torch.no_grad():
+        layer.readout = "torch"
+        want = layer(x, attention_mask=mask)
+        layer.readout = "triton"
+        got = layer(x, attention_mask=mask)
+    assert rel_err(got[0], want[0]) < (2e-3 if x.is_cuda else 1e-4), f"seed {seed}"
+    assert rel_err(got[1, :41], want[1, :41]) < (2e-3 if x.is_cuda else 1e-4), f"seed {seed}"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="flash-linear-attention's kernels need the GPU")
+def test_layer_fused_readout_on_fla_summaries():
+    """The GPU default: fla's (strided, bf16 / fp32) summaries feeding the fused readout, bf16 layer."""
+    pytest.importorskip("fla")
+    seed = fresh_seed()
+    torch.manual_seed(seed)
+    layer = HLAttention(384, 12, backend="fla").cuda().to(torch.bfloat16).eval()
+    x = torch.randn(2, 2000, 384, device="cuda", dtype=torch.bfloat16)  # 8 chunks of 256, the last padded
+    with torch.no_grad():
+        layer.readout = "torch"
+        want = layer(x)
+        layer.readout = "auto"
+        got = layer(x)
+    assert rel_err(got, want) < 2e-2, f"seed {seed}"
+
+
 def test_layer_refuses_the_kernel_where_it_cannot_serve(device):
     layer = HLAttention(32, 2, chunk=16, pool=4, readout="triton").to(device)
     x = torch.randn(1, 40, 32, device=device)
