@@ -29,7 +29,7 @@ STAGES = [(hla_module, "pad_to_chunks"), (hla_module, "bucket_representatives"),
           (hla_module, "chunk_routed_gates"), (hla_module, "select_chunks"),
           (chunk_module, "chunk_summaries"), (chunk_module, "hla_walk"), (chunk_module, "hla_walk_sparse"),
           (chunk_module, "hla_walk_indexed"), (hla_module, "chunk_routing_order"),
-          (readout_module, "chunk_summaries"), (readout_module, "hla_readout")]
+          (readout_module, "chunk_summaries"), (readout_module, "hla_readout_tokens")]
 
 
 def sync(device):

@@ -155,6 +155,27 @@ def test_layer_fused_readout_on_fla_summaries():
     assert rel_err(got, want) < 2e-2, f"seed {seed}"
 
 
+def test_custom_op_registration(device):
+    """Schema and fake implementation of mediagen::hla_readout_tokens agree with the kernel."""
+    o_intra, r, a, b, q_route, reps = (t.float() for t in problem(1, 2, 3, 8, 16, 16, 16, 4, device, fresh_seed()))
+    order = chunk_routing_order(q_route, reps, 8, 1)
+    args = (o_intra, r, a, b, q_route, reps, order, torch.ones(16, device=device), 0.5, 1e-6)
+    torch.library.opcheck(torch.ops.mediagen.hla_readout_tokens.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compiled_layer_has_no_graph_break(device):
+    """torch.compile traces the whole inference forward, fused readout included, in one graph."""
+    seed = fresh_seed()
+    torch.manual_seed(seed)
+    layer = HLAttention(32, 2, chunk=16, pool=4, backend="torch", readout="triton").to(device).eval()
+    x = torch.randn(1, 48, 32, device=device)
+    with torch.no_grad():
+        want = layer(x)
+        got = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+    assert rel_err(got, want) < 1e-5, f"seed {seed}"
+
+
 def test_layer_refuses_the_kernel_where_it_cannot_serve(device):
     layer = HLAttention(32, 2, chunk=16, pool=4, readout="triton").to(device)
     x = torch.randn(1, 40, 32, device=device)

@@ -31,6 +31,6 @@ def test_tiny_profile_times_each_stage_and_restores_the_layer(capsys):
     assert "hla_walk_indexed" in capsys.readouterr().out
     script.main(["--tiny", "--iters", "1", "--readout", "triton"])  # the fused kernel, interpreted
     out = capsys.readouterr().out
-    assert "| hla_readout |" in out and "| hla_walk |" not in out
+    assert "| hla_readout_tokens |" in out and "| hla_walk |" not in out
     assert hla_module.chunk_gates is originals[(hla_module, "chunk_gates")]
     assert chunk_module.hla_walk is originals[(chunk_module, "hla_walk")]

@@ -4,11 +4,15 @@ both (``triton_readout``, forward only, imported lazily)."""
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .chunk import _unchunked, chunk_summaries, hla_walk, hla_walk_indexed, pad_to_chunks
 from .router import chunk_gates, listed_chunk_gates
+
+try:  # the fused kernel (registers the custom op mediagen::hla_readout_tokens)
+    from .triton_readout import hla_readout_tokens
+except ImportError:  # pragma: no cover - platform without triton
+    hla_readout_tokens = None
 
 READOUT_BACKENDS = ("torch", "triton")
 
@@ -34,6 +38,8 @@ def hla_readout(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, bac
     if backend == "torch":
         return hla_readout_reference(o_intra, r, a, b, q_route, reps, bias, order)
     if backend == "triton":
+        if hla_readout_tokens is None:
+            raise ValueError("backend='triton' needs the triton package, which is not installed here")
         from .triton_readout import hla_readout_triton
         return hla_readout_triton(o_intra, r, a, b, q_route, reps, bias, order, **triton_options)
     raise ValueError(f"backend={backend!r} is not allowed: use one of {READOUT_BACKENDS}")
@@ -48,11 +54,10 @@ def hla_fused_forward(q, k, v, log_alpha, beta, q_route, reps, bias: float, *, c
     q, k, v, log_alpha, beta, n = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
     o_intra, r, a, b = chunk_summaries(q, k, v, log_alpha, beta, scale, chunk, summaries)
     if readout == "triton":
-        bsz, nc, c, h, dv = q.shape[0], q.shape[1] // chunk, chunk, q.shape[2], v.shape[-1]
-        out = torch.empty(bsz, nc * c, h, dv, device=q.device, dtype=q.dtype)
-        hla_readout(o_intra, r, a, b, q_route, reps, bias, order, norm_weight=norm_weight, norm_eps=norm_eps,
-                    out=out.view(bsz, nc, c, h, dv).permute(0, 3, 1, 2, 4))
-        return out[:, :n]
+        if hla_readout_tokens is None:
+            raise ValueError("readout='triton' needs the triton package, which is not installed here")
+        out = hla_readout_tokens(o_intra, r, a, b, q_route, reps, order, norm_weight, float(bias), float(norm_eps))
+        return out[:, :n].to(q.dtype)
     o = _unchunked(hla_readout(o_intra, r, a, b, q_route, reps, bias, order, backend=readout))[:, :n]
     if norm_weight is not None:
         o = F.rms_norm(o, (o.shape[-1],), norm_weight.to(o.dtype), norm_eps)

@@ -13,11 +13,15 @@ registers and visits the past chunks j = c−1, ..., 0 (or a listed subset, newe
 so nothing of size N × nC reaches memory. Programs of the last chunks walk longest; they are launched
 first (chunk index descending along grid axis 1). No gradients: training, and the paper's gate
 regularisers (which need every gate), use the PyTorch path.
+
+``hla_readout_tokens`` is the layer's entry point, a torch.library custom op (with a fake
+implementation) so that torch.compile traces an HLA layer through it without a graph break.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import triton
@@ -186,3 +190,21 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
         float(norm_eps), BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee, NORM=norm_weight is not None,
         num_warps=num_warps or READOUT_CONFIG["warps"], num_stages=num_stages or READOUT_CONFIG["stages"])
     return out
+
+
+@torch.library.custom_op("mediagen::hla_readout_tokens", mutates_args=())
+def hla_readout_tokens(o_intra: torch.Tensor, r: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                       q_route: torch.Tensor, reps: torch.Tensor, order: Optional[torch.Tensor],
+                       norm_weight: Optional[torch.Tensor], bias: float, norm_eps: float) -> torch.Tensor:
+    """The readout (optionally RMS-normalised) as a token-major (B, nC·C, H, V) tensor in q_route's dtype."""
+    B, H, NC, C, V = o_intra.shape
+    out = torch.empty(B, NC * C, H, V, device=o_intra.device, dtype=q_route.dtype)
+    hla_readout_triton(o_intra, r, a, b, q_route, reps, bias, order, norm_weight=norm_weight, norm_eps=norm_eps,
+                       out=out.view(B, NC, C, H, V).permute(0, 3, 1, 2, 4))
+    return out
+
+
+@hla_readout_tokens.register_fake
+def _(o_intra, r, a, b, q_route, reps, order, norm_weight, bias, norm_eps):
+    B, H, NC, C, V = o_intra.shape
+    return q_route.new_empty((B, NC * C, H, V))
