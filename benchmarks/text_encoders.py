@@ -90,7 +90,7 @@ def encoding_table(args, device, dtype, shape):
         torch.manual_seed(0)
         model = MediagenTextEncoder(**{**shape, **VARIANTS[name]}).to(device=device, dtype=dtype).eval()
         for batch in args.batches:
-            row = []
+            row, graph_row = [], []
             for n in args.lengths:
                 ids = torch.randint(1000, 2000, (batch, n), device=device)
 
@@ -98,8 +98,14 @@ def encoding_table(args, device, dtype, shape):
                     with torch.no_grad():
                         model(ids)
                 row.append(fmt(run_or_oom(lambda: timed(fwd, device, args.warmup, args.iters))))
+                if args.graph and device.type == "cuda":  # replayed as a CUDA graph: no host time
+                    g = run_or_oom(lambda: graph_timed(fwd, device, args.iters))
+                    graph_row.append("n/a" if g is None else fmt(g))        # n/a: OOM or not capturable
             lines.append(f"| {name} | {batch} | " + " | ".join(row) + " |")
             print(lines[-1], flush=True)
+            if graph_row:
+                lines.append(f"| {name} (CUDA graph) | {batch} | " + " | ".join(graph_row) + " |")
+                print(lines[-1], flush=True)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -254,6 +260,8 @@ def main(argv=None):
     p.add_argument("--distill-batch", type=int, default=64)
     p.add_argument("--quality-attentions", nargs="+", default=["sdpa", "mlra2", "mlra4", "hla"])
     p.add_argument("--save-distilled", default=None, help="directory to save distilled encoders in")
+    p.add_argument("--graph", action="store_true",
+                   help="encoding rows also replayed as CUDA graphs (on CUDA): time without the host's launches")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-latency", action="store_true", help="skip the latency tables (quality only)")
