@@ -186,6 +186,12 @@ def test_layer_refuses_the_kernel_where_it_cannot_serve(device):
     layer.eval().top_k = 1
     with torch.no_grad(), pytest.raises(ValueError, match="route='token'"):
         layer(x)
+    wide = HLAttention(2 * 160, 2, chunk=16, pool=4, readout="triton").to(device).eval()
+    with torch.no_grad(), pytest.raises(ValueError, match="head_dim=160 is above"):
+        wide(torch.randn(1, 40, 320, device=device))
+    wide.readout = "auto"                                          # auto falls back to the PyTorch path
+    with torch.no_grad():
+        assert torch.isfinite(wide(torch.randn(1, 40, 320, device=device))).all()
     with pytest.raises(ValueError, match="readout='fast'"):
         HLAttention(32, 2, readout="fast")
 

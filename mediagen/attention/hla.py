@@ -125,7 +125,8 @@ class HLAttention(nn.Module):
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         blocker = ("gradients are needed" if needs_grad else "auxiliary losses are asked for" if need_aux
                    else "chunks are ranked by every token's gate (gate_threshold, or top_k with route='token')"
-                   if token_ranked else None)
+                   if token_ranked else f"head_dim={self.head_dim} is above the kernel's 128"
+                   if self.head_dim > 128 else None)
         if self.readout == "triton" and blocker:
             raise ValueError(f"readout='triton' is inference-only and cannot serve this call: {blocker}; "
                              "use readout='torch' or 'auto'")
