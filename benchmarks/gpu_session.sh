@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -24,6 +24,15 @@ all)
   run wan_model 100 python3 benchmarks/wan_model.py --sizes 81x480x832 --modes eager --skip-layer --blocks 3,5,4
   run dit 55 python3 benchmarks/dit_images.py --modes eager
   run text 80 python3 benchmarks/text_encoders.py --iters 5
+  ;;
+hla)  # the HLA text-encoder path: GPU tests, one layer stage by stage and per kernel, readout launch
+      # settings, whole encoders eager and replayed as CUDA graphs (about 6 minutes)
+  run hla_tests 90 python3 -m pytest -q tests/test_hla_triton.py tests/test_hla.py
+  run hla_profile 90 python3 benchmarks/profile_hla.py --tokens 32768 --kernels
+  run hla_profile_top8c 60 python3 benchmarks/profile_hla.py --tokens 32768 --top-k 8 --route chunk
+  run hla_readout_sweep 100 python3 benchmarks/sweep_hla_readout.py --rep 100
+  run hla_encode 120 python3 benchmarks/text_encoders.py --only encode --attentions sdpa hla hla-top8c \
+    --lengths 4096 32768 --batches 1 16 --iters 5 --graph --out "$out/encode.md"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
