@@ -161,6 +161,21 @@ def test_short_sequences_use_a_short_chunk_with_the_same_result():
     torch.testing.assert_close(m(x), m(x, gates_override=ones), rtol=1e-10, atol=1e-10)
 
 
+def test_one_chunk_is_gated_deltanet_without_the_router():
+    """Up to one chunk of tokens there is no past chunk: the layer is plain GDN, whatever the router's
+    weights, and its regularisers are 0."""
+    torch.manual_seed(0)
+    m = HLAttention(16, 2, chunk=16, pool=2).double()
+    x = torch.randn(2, 11, 16, dtype=F64)
+    torch.testing.assert_close(m(x), m.forward_gdn(x), rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        m.route_q.mul_(50.0)
+        m.pool_k.mul_(-3.0)
+    torch.testing.assert_close(m(x), m.forward_gdn(x), rtol=1e-10, atol=1e-10)
+    m(x, return_aux=True)
+    assert set(m.aux_losses) == {"budget", "support", "binary", "total"} and m.aux_losses["total"].item() == 0.0
+
+
 def test_chunk_routing_reads_only_its_top_k_chunks():
     """route='chunk': the k chosen chunks per query chunk with their per-token gates, others skipped;
     equal to the dense walk with every other gate set to 0."""

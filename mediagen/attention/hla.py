@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.hla import bucket_representatives, chunk_gates, fla_available, gate_regularisers, hla_chunked
+from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
+                           hla_chunked)
 from ..kernels.hla.chunk import gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
 from ..kernels.hla.readout import hla_fused_forward
 from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
@@ -148,6 +149,8 @@ class HLAttention(nn.Module):
         chunk = self.chunk_for(n) if gates_override is None else self.chunk
         qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
         need_aux = bool(return_aux or (return_aux is None and self.training))
+        if gates_override is None and qp.shape[1] == chunk:
+            return self._one_chunk(qp, kp, vp, lap, bp, chunk, backend, n, need_aux)
         if gates_override is None and self._fused_readout(x, need_aux):
             q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
             reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
@@ -175,6 +178,19 @@ class HLAttention(nn.Module):
             self.aux_losses = gate_regularisers(gates.float())
         o = self.out_norm(o)
         return self.out_proj(o.flatten(-2))
+
+    def _one_chunk(self, q, k, v, log_alpha, beta, chunk, backend, n, need_aux):
+        """A sequence of one chunk (every prompt up to ``chunk`` tokens) has no past chunk: no gates, no
+        walk, and HLA is exactly Gated DeltaNet from the zero state, i.e. the chunk's own output. The
+        router is skipped; its regularisers are 0 (no query token has a past chunk)."""
+        o_intra = chunk_summaries(q, k, v, log_alpha, beta, self.head_dim ** -0.5, chunk, backend)[0]
+        o = o_intra.movedim(1, 3).flatten(1, 2)[:, :n].to(q.dtype)          # (B,H,1,C,V) -> (B,N,H,V)
+        if need_aux:
+            zero = o.new_zeros((), dtype=torch.float32)
+            self.aux_losses = {"budget": zero, "support": zero, "binary": zero, "total": zero}
+        else:
+            self.aux_losses = {}
+        return self.out_proj(self.out_norm(o).flatten(-2))
 
     def forward_gdn(self, x, attention_mask=None):
         """The same layer as plain Gated DeltaNet (no gates), through the chunked GDN path."""
