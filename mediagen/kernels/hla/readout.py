@@ -1,6 +1,6 @@
 """HLA's readout (gates + walk over past chunks) behind one function, and the whole inference forward
 that uses it: the plain-PyTorch reference composes ``router`` and ``chunk``; the Triton path fuses
-both (``triton_readout``, forward only, imported lazily)."""
+both (``triton_readout``, forward only)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from .chunk import _unchunked, chunk_summaries, hla_walk, hla_walk_indexed, pad_to_chunks
 from .router import chunk_gates, listed_chunk_gates
 
-try:  # the fused kernel (registers the custom op mediagen::hla_readout_tokens)
-    from .triton_readout import hla_readout_tokens
+try:  # the fused kernel (importing it registers the custom op mediagen::hla_readout_tokens)
+    from .triton_readout import hla_readout_tokens, hla_readout_triton
 except ImportError:  # pragma: no cover - platform without triton
-    hla_readout_tokens = None
+    hla_readout_tokens = hla_readout_triton = None
 
 READOUT_BACKENDS = ("torch", "triton")
 
@@ -38,9 +38,8 @@ def hla_readout(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, bac
     if backend == "torch":
         return hla_readout_reference(o_intra, r, a, b, q_route, reps, bias, order)
     if backend == "triton":
-        if hla_readout_tokens is None:
+        if hla_readout_triton is None:
             raise ValueError("backend='triton' needs the triton package, which is not installed here")
-        from .triton_readout import hla_readout_triton
         return hla_readout_triton(o_intra, r, a, b, q_route, reps, bias, order, **triton_options)
     raise ValueError(f"backend={backend!r} is not allowed: use one of {READOUT_BACKENDS}")
 
