@@ -133,12 +133,16 @@ class HLAttention(nn.Module):
                              "use readout='torch' or 'auto'")
         return blocker is None and (self.readout == "triton" or x.is_cuda)
 
+    def router_inputs(self, q, k, chunk: int):
+        """The router's routed queries (B, N, H, D) and bucket representatives (B, H, nC, C/pool, D)
+        for q, k already padded to whole chunks."""
+        q_route = torch.einsum("bnhd,hde->bnhe", q, self.route_q)
+        return q_route, bucket_representatives(k, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
+
     def gates(self, q, k, chunk: int | None = None):
         """Past-chunk gates (B, H, nC, C, nC) for q, k already padded to whole chunks."""
         chunk = chunk or self.chunk
-        q_route = torch.einsum("bnhd,hde->bnhe", q, self.route_q)
-        reps = bucket_representatives(k, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
-        return chunk_gates(q_route, reps, chunk, self.gate_bias)
+        return chunk_gates(*self.router_inputs(q, k, chunk), chunk, self.gate_bias)
 
     def forward(self, x, attention_mask=None, return_aux: bool | None = None, gates_override=None):
         """x (B, N, d) -> (B, N, d). ``gates_override`` (B,H,nC,C,nC) replaces the learned gates
@@ -152,8 +156,7 @@ class HLAttention(nn.Module):
         if gates_override is None and qp.shape[1] == chunk:
             return self._one_chunk(qp, kp, vp, lap, bp, chunk, backend, n, need_aux)
         if gates_override is None and self._fused_readout(x, need_aux):
-            q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
-            reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
+            q_route, reps = self.router_inputs(qp, kp, chunk)
             order = chunk_routing_order(q_route, reps, chunk, self.top_k) if self.top_k is not None else None
             norm_eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(x.dtype).eps
             o = hla_fused_forward(qp, kp, vp, lap, bp, q_route, reps, self.gate_bias, chunk=chunk, order=order,
@@ -161,8 +164,7 @@ class HLAttention(nn.Module):
             self.aux_losses = {}
             return self.out_proj(o.flatten(-2))     # out_norm is applied inside the kernel
         if self.route == "chunk" and self.top_k is not None and gates_override is None:
-            q_route = torch.einsum("bnhd,hde->bnhe", qp, self.route_q)
-            reps = bucket_representatives(kp, self.pool_k, self.pool_v, self.pool_o, chunk, self.pool)
+            q_route, reps = self.router_inputs(qp, kp, chunk)
             order, g_sel = chunk_routed_gates(q_route, reps, chunk, self.gate_bias, self.top_k)
             o = hla_chunked_indexed(qp, kp, vp, lap, bp, order, g_sel.to(q.dtype), chunk=chunk,
                                     backend=backend)[:, :n]
