@@ -35,7 +35,7 @@ from torch import nn
 
 from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
                            hla_chunked)
-from ..kernels.hla.chunk import gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
+from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
 from ..kernels.hla.readout import hla_fused_forward
 from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
 
@@ -122,12 +122,15 @@ class HLAttention(nn.Module):
         """Whether this forward takes the fused Triton readout (see the module docstring)."""
         if self.readout == "torch":
             return False
-        token_ranked = self.gate_threshold is not None or (self.top_k is not None and self.route == "token")
-        needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        blocker = ("gradients are needed" if needs_grad else "auxiliary losses are asked for" if need_aux
-                   else "chunks are ranked by every token's gate (gate_threshold, or top_k with route='token')"
-                   if token_ranked else f"head_dim={self.head_dim} is above the kernel's 128"
-                   if self.head_dim > 128 else None)
+        blocker = None
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            blocker = "gradients are needed"
+        elif need_aux:
+            blocker = "auxiliary losses are asked for"
+        elif self.gate_threshold is not None or (self.top_k is not None and self.route == "token"):
+            blocker = "chunks are ranked by every token's gate (gate_threshold, or top_k with route='token')"
+        elif self.head_dim > 128:
+            blocker = f"head_dim={self.head_dim} is above the kernel's 128"
         if self.readout == "triton" and blocker:
             raise ValueError(f"readout='triton' is inference-only and cannot serve this call: {blocker}; "
                              "use readout='torch' or 'auto'")
@@ -186,7 +189,7 @@ class HLAttention(nn.Module):
         walk, and HLA is exactly Gated DeltaNet from the zero state, i.e. the chunk's own output. The
         router is skipped; its regularisers are 0 (no query token has a past chunk)."""
         o_intra = chunk_summaries(q, k, v, log_alpha, beta, self.head_dim ** -0.5, chunk, backend)[0]
-        o = o_intra.movedim(1, 3).flatten(1, 2)[:, :n].to(q.dtype)          # (B,H,1,C,V) -> (B,N,H,V)
+        o = _unchunked(o_intra)[:, :n].to(q.dtype)
         if need_aux:
             zero = o.new_zeros((), dtype=torch.float32)
             self.aux_losses = {"budget": zero, "support": zero, "binary": zero, "total": zero}
