@@ -77,6 +77,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny layer on the CPU in fp32")
     ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--top-k", type=int, default=None, help="HLA chunk skipping: keep k past chunks")
     ap.add_argument("--route", default="token", choices=["token", "chunk"])
     ap.add_argument("--readout", default="auto", choices=["auto", "torch", "triton"],
@@ -90,7 +91,7 @@ def main(argv=None):
     torch.manual_seed(0)
     layer = hla_module.HLAttention(hidden, heads, chunk=chunk, pool=pool, top_k=args.top_k,
                                    route=args.route, readout=args.readout).to(device=device, dtype=dtype).eval()
-    x = torch.randn(1, n, hidden, device=device, dtype=dtype)
+    x = torch.randn(args.batch, n, hidden, device=device, dtype=dtype)
     qkv = torch.nn.Linear(hidden, 3 * hidden).to(device=device, dtype=dtype)
 
     def hla():
@@ -99,7 +100,7 @@ def main(argv=None):
 
     def sdpa():  # the softmax layer of the same shape: projections, causal SDPA, output projection
         with torch.no_grad():
-            q, k, v = qkv(x).view(1, n, 3, heads, -1).unbind(2)
+            q, k, v = qkv(x).view(args.batch, n, 3, heads, -1).unbind(2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True)
             layer.out_proj(o.transpose(1, 2).flatten(-2))
@@ -118,7 +119,7 @@ def main(argv=None):
             sync(device)
             staged += (time.perf_counter() - t0) * 1e3
     staged /= args.iters
-    print(f"{device} {dtype} · {n} tokens · {heads}x{hidden // heads} · chunk {chunk} · top_k {args.top_k} "
+    print(f"{device} {dtype} · batch {args.batch} · {n} tokens · {heads}x{hidden // heads} · chunk {chunk} · top_k {args.top_k} "
           f"· route {args.route} · readout {args.readout}")
     print(f"HLA layer {total:.3f} ms · causal SDPA layer {base:.3f} ms · ratio {total / base:.2f} "
           f"(medians of {args.iters}); with stage timers {staged:.3f} ms (mean)")

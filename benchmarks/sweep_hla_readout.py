@@ -21,6 +21,7 @@ from mediagen.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_trit
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--head-dim", type=int, default=32)
     ap.add_argument("--chunk", type=int, default=256)
@@ -31,16 +32,16 @@ def main(argv=None):
     dev = torch.device("cuda")
     H, D, C = args.heads, args.head_dim, args.chunk
     nc = args.tokens // C
-    o_intra = torch.randn(1, H, nc, C, D, device=dev, dtype=torch.bfloat16)
-    r = torch.randn(1, H, nc, C, D, device=dev) * 0.1
-    a = torch.eye(D, device=dev) * 0.9 + 0.01 * torch.randn(1, H, nc, D, D, device=dev)
-    b = torch.randn(1, H, nc, D, D, device=dev) * 0.1
-    q_route = torch.randn(1, nc * C, H, D, device=dev, dtype=torch.bfloat16)
-    reps = torch.randn(1, H, nc, C // args.pool, D, device=dev, dtype=torch.bfloat16)
+    o_intra = torch.randn(args.batch, H, nc, C, D, device=dev, dtype=torch.bfloat16)
+    r = torch.randn(args.batch, H, nc, C, D, device=dev) * 0.1
+    a = torch.eye(D, device=dev) * 0.9 + 0.01 * torch.randn(args.batch, H, nc, D, D, device=dev)
+    b = torch.randn(args.batch, H, nc, D, D, device=dev) * 0.1
+    q_route = torch.randn(args.batch, nc * C, H, D, device=dev, dtype=torch.bfloat16)
+    reps = torch.randn(args.batch, H, nc, C // args.pool, D, device=dev, dtype=torch.bfloat16)
     order = None
     if args.top_k:
         past = torch.arange(nc, device=dev)[:, None] - 1 - torch.arange(args.top_k, device=dev)[None, :]
-        order = past.clamp_min(-1).expand(1, H, nc, args.top_k).contiguous()
+        order = past.clamp_min(-1).expand(args.batch, H, nc, args.top_k).contiguous()
     current = (READOUT_CONFIG["BT"][64 if D <= 64 else 128], READOUT_CONFIG["warps"], READOUT_CONFIG["stages"])
     rows = []
     for bt, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3)):
@@ -55,7 +56,7 @@ def main(argv=None):
             continue
         rows.append((ms, bt, warps, stages))
         print(f"BT={bt} warps={warps} stages={stages}: {ms:.3f} ms", flush=True)
-    print(f"\n{args.tokens} tokens, {H}x{D}, chunk {C}, pool {args.pool}, top_k {args.top_k} "
+    print(f"\nbatch {args.batch}, {args.tokens} tokens, {H}x{D}, chunk {C}, pool {args.pool}, top_k {args.top_k} "
           f"({torch.cuda.get_device_name()})\n\n| BT | warps | stages | ms |\n|---|---|---|---|")
     for ms, bt, warps, stages in sorted(rows):
         mark = " (current)" if (bt, warps, stages) == current else ""

@@ -43,6 +43,7 @@ VARIANTS = {
     "hla-top8": dict(attention="hla", hla_top_k=8),
     "hla-top4": dict(attention="hla", hla_top_k=4),
     "hla-top8c": dict(attention="hla", hla_top_k=8, hla_route="chunk"),     # cheap chunk-level routing
+    "no-attention": dict(attention="sdpa"),   # the floor: every self-attention replaced by zeros (see below)
 }
 MINILM_SHAPE = dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
 TINY_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, hla_chunk=16, hla_pool=4)
@@ -83,30 +84,51 @@ def fmt(ms):
     return "OOM" if ms is None else (f"{ms:.3f}" if ms < 10 else f"{ms:.1f}")
 
 
+class NoAttention(torch.nn.Module):
+    """Stands in for a self-attention layer and adds nothing: what the rest of the encoder costs."""
+
+    def forward(self, x, attention_mask=None):
+        return torch.zeros_like(x)
+
+
+def make_encoder(name, shape, device, dtype):
+    model = MediagenTextEncoder(**{**shape, **VARIANTS[name]})
+    if name == "no-attention":
+        for layer in model.layers:
+            layer.attn = NoAttention()
+    return model.to(device=device, dtype=dtype).eval()
+
+
 def encoding_table(args, device, dtype, shape):
+    """Eager rows; with --graph also CUDA-graph replays (kernels only), with --compile also
+    torch.compile'd rows (default mode; the compile itself is not timed)."""
     lines = ["| attention | batch | " + " | ".join(f"{n} tok (ms)" for n in args.lengths) + " |",
              "|---|---|" + "---|" * len(args.lengths)]
     for name in args.attentions:
         torch.manual_seed(0)
-        model = MediagenTextEncoder(**{**shape, **VARIANTS[name]}).to(device=device, dtype=dtype).eval()
+        model = make_encoder(name, shape, device, dtype)
+        runs = {"": model}
+        if args.compile:
+            runs[" (compiled)"] = torch.compile(model)
         for batch in args.batches:
-            row, graph_row = [], []
-            for n in args.lengths:
-                ids = torch.randint(1000, 2000, (batch, n), device=device)
+            for label, fn_model in runs.items():
+                row, graph_row = [], []
+                for n in args.lengths:
+                    ids = torch.randint(1000, 2000, (batch, n), device=device)
 
-                def fwd():
-                    with torch.no_grad():
-                        model(ids)
-                row.append(fmt(run_or_oom(lambda: timed(fwd, device, args.warmup, args.iters))))
-                if args.graph and device.type == "cuda":  # replayed as a CUDA graph: no host time
-                    g = run_or_oom(lambda: graph_timed(fwd, device, args.iters))
-                    graph_row.append("n/a" if g is None else fmt(g))        # n/a: OOM or not capturable
-            lines.append(f"| {name} | {batch} | " + " | ".join(row) + " |")
-            print(lines[-1], flush=True)
-            if graph_row:
-                lines.append(f"| {name} (CUDA graph) | {batch} | " + " | ".join(graph_row) + " |")
+                    def fwd():
+                        with torch.no_grad():
+                            fn_model(ids)
+                    row.append(fmt(run_or_oom(lambda: timed(fwd, device, args.warmup, args.iters))))
+                    if args.graph and device.type == "cuda" and not label:  # replayed: no host time
+                        g = run_or_oom(lambda: graph_timed(fwd, device, args.iters))
+                        graph_row.append("n/a" if g is None else fmt(g))    # n/a: OOM or not capturable
+                lines.append(f"| {name}{label} | {batch} | " + " | ".join(row) + " |")
                 print(lines[-1], flush=True)
-        del model
+                if graph_row:
+                    lines.append(f"| {name} (CUDA graph) | {batch} | " + " | ".join(graph_row) + " |")
+                    print(lines[-1], flush=True)
+        del model, runs
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return lines
@@ -262,6 +284,7 @@ def main(argv=None):
     p.add_argument("--save-distilled", default=None, help="directory to save distilled encoders in")
     p.add_argument("--graph", action="store_true",
                    help="encoding rows also replayed as CUDA graphs (on CUDA): time without the host's launches")
+    p.add_argument("--compile", action="store_true", help="encoding rows also with torch.compile'd encoders")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-latency", action="store_true", help="skip the latency tables (quality only)")

@@ -152,6 +152,29 @@ def test_fla_summaries_match_torch():
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-linear-attention needs CUDA")
+def test_fla_inference_op_matches_the_training_call():
+    """Without gradients the summaries go through the custom op mediagen::gdn_chunk_states_fla (opaque to
+    torch.compile); with gradients fla is called directly. Both give the same summaries, and the op
+    passes torch.library's checks (fake implementation, schema). (No backward here: fla 0.6 refuses its
+    gated backward under triton < 3.7.1 on Hopper, the GPU image's triton 3.6.)"""
+    pytest.importorskip("fla")
+    from mediagen.kernels.hla.fla_backend import gdn_chunk_states_fla
+    q, k, v, la, be = (t.cuda() for t in inputs(b=1, n=128, h=2, dk=32, dv=32))
+    q, k, v, be = (t.bfloat16() for t in (q, k, v, be))
+    la = la.float()
+    with torch.no_grad():
+        op = chunk_summaries(q, k, v, la, be, 0.125, 64, backend="fla")
+    grad_inputs = [t.detach().requires_grad_() for t in (q, k, v, la, be)]
+    direct = chunk_summaries(*grad_inputs, 0.125, 64, backend="fla")
+    assert all(t.requires_grad for t in direct[:2]), "the gradient path must not go through the opaque op"
+    for a, b in zip(op, direct):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+    v_pad = F.pad(v, (0, 32))
+    torch.library.opcheck(gdn_chunk_states_fla, (q, k, v_pad, la, be, 0.125, 64),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
 def test_short_sequences_use_a_short_chunk_with_the_same_result():
     torch.manual_seed(0)
     m = HLAttention(16, 2, chunk=16, pool=2).double()

@@ -114,6 +114,8 @@ def test_layer_fused_readout_equals_unfused(device, route, top_k):
     layer = HLAttention(32, 2, chunk=16, pool=4, top_k=top_k, route=route, backend="torch").to(device).eval()
     x = torch.randn(2, 70, 32, device=device)                        # 5 chunks, the last one padded
     with torch.no_grad():
+        for w in (layer.route_q, layer.pool_k, layer.pool_v, layer.pool_o):   # router weights off identity
+            w.add_(0.3 * torch.randn_like(w))
         layer.readout = "torch"
         want = layer(x)
         layer.readout = "triton"
@@ -217,3 +219,21 @@ def test_real_size_bf16_tensor_cores():
     got = hla_readout_triton(o_intra.bfloat16(), r.float(), a.float(), b.float(), q_route.bfloat16(),
                              reps.bfloat16(), 2.2)
     assert rel_err(got, want) < 1e-2, f"seed {seed}"
+
+
+@pytest.mark.parametrize("map_dtype", [
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason="Triton's CPU interpreter "
+                 "mishandles bf16 dot operands (errors of 1e11 on inputs where fp16 is within 1e-4)")),
+    torch.float16])
+def test_half_maps_stay_close_to_reference(device, map_dtype):
+    """The walk's products in a half dtype (what bf16 layers use on a GPU): r is rounded to the
+    operand dtype each step but accumulates in fp32, so the error stays at the half dtype's level."""
+    seed = fresh_seed()
+    o_intra, r, a, b, q_route, reps = problem(1, 2, 6, 16, 16, 16, 16, 4, device, seed)
+    want = hla_readout_reference(o_intra, r, a, b, q_route, reps, 0.5)
+    got = hla_readout_triton(*(t.float() for t in (o_intra, r, a, b)), q_route.to(map_dtype), reps.to(map_dtype),
+                             0.5, ieee=False, map_dtype=map_dtype)
+    err = rel_err(got, want)
+    assert err < 2e-2, f"seed {seed}: rel err {err:.3g}"
+    with pytest.raises(ValueError, match="^map_dtype="):
+        hla_readout_triton(o_intra, r, a, b, q_route, reps, 0.5, map_dtype=torch.float64)

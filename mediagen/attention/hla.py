@@ -16,8 +16,10 @@ per-token gates for the k kept chunks only (inference option: no regularisers in
 
 Inference (no gradient needed, no auxiliary losses asked for) on a GPU uses the fused readout
 (``readout="auto"``): one Triton kernel computes each token's gates on chip while it walks the past
-chunks, so the (B, H, N, nC) gate tensor never exists. ``readout="torch"`` forces the unfused path;
-``readout="triton"`` forces the kernel (also under TRITON_INTERPRET=1 on a CPU). Token-routed top-k
+chunks, so the (B, H, N, nC) gate tensor never exists; without a padding mask, a second kernel
+(``kernels.hla.triton_prepare``) turns one fused projection's output into every input the summaries
+and the readout need (normalised q and k, routed queries, beta, decay, bucket representatives).
+``readout="torch"`` forces the unfused path; ``readout="triton"`` forces the kernels (also under TRITON_INTERPRET=1 on a CPU). Token-routed top-k
 and the gate threshold rank chunks by every gate, so they always take the unfused path.
 
 The paper's regularisers (budget, effective support, binary) are left in ``self.aux_losses`` after a
@@ -38,6 +40,11 @@ from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries,
 from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
 from ..kernels.hla.readout import hla_fused_forward
 from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
+
+try:  # the fused input pass (importing it registers the custom op mediagen::hla_prepare)
+    from ..kernels.hla.triton_prepare import hla_prepare
+except ImportError:  # pragma: no cover - platform without triton
+    hla_prepare = None
 
 READOUTS = ("auto", "torch", "triton")
 
@@ -147,25 +154,38 @@ class HLAttention(nn.Module):
         chunk = chunk or self.chunk
         return chunk_gates(*self.router_inputs(q, k, chunk), chunk, self.gate_bias)
 
+    def fused_projection(self, x):
+        """Raw q, k, v (B, N, H, D) and beta/decay pre-activations (B, N, H) from one GEMM over the
+        five projections' concatenated weights (strided views of its output)."""
+        lins = (self.q_proj, self.k_proj, self.v_proj, self.beta_proj, self.decay_proj)
+        weight = torch.cat([lin.weight for lin in lins])
+        bias = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                          for lin in lins])
+        proj = F.linear(x, weight, bias)
+        inner, h = self.heads * self.head_dim, self.heads
+        q, k, v = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (h, self.head_dim)) for i in range(3))
+        return q, k, v, proj[..., 3 * inner:3 * inner + h], proj[..., 3 * inner + h:]
+
     def forward(self, x, attention_mask=None, return_aux: bool | None = None, gates_override=None):
         """x (B, N, d) -> (B, N, d). ``gates_override`` (B,H,nC,C,nC) replaces the learned gates
         (tests use it to check that gates of 1 give GDN)."""
-        q, k, v, log_alpha, beta = self.gdn_inputs(x, attention_mask)
         backend = self._resolve_backend(x)
         n = x.shape[1]
         chunk = self.chunk_for(n) if gates_override is None else self.chunk
-        qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
         need_aux = bool(return_aux or (return_aux is None and self.training))
+        fused = gates_override is None and n > chunk and self._fused_readout(x, need_aux)
+        if fused and attention_mask is None:  # the fused input pass, then the fused readout
+            qp, kp, v_pad, q_route, bp, lap, reps = hla_prepare(
+                *self.fused_projection(x), self.route_q, self.pool_k, self.pool_v, self.pool_o, self.A_log,
+                self.dt_bias, chunk, self.pool)
+            return self._fused(qp, kp, v_pad[..., :self.head_dim], lap, bp, q_route, reps, chunk, backend, n, v_pad)
+        q, k, v, log_alpha, beta = self.gdn_inputs(x, attention_mask)
+        qp, kp, vp, lap, bp, _ = pad_to_chunks(q, k, v, log_alpha, beta, chunk)
         if gates_override is None and qp.shape[1] == chunk:
             return self._one_chunk(qp, kp, vp, lap, bp, chunk, backend, n, need_aux)
-        if gates_override is None and self._fused_readout(x, need_aux):
+        if fused:
             q_route, reps = self.router_inputs(qp, kp, chunk)
-            order = chunk_routing_order(q_route, reps, chunk, self.top_k) if self.top_k is not None else None
-            norm_eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(x.dtype).eps
-            o = hla_fused_forward(qp, kp, vp, lap, bp, q_route, reps, self.gate_bias, chunk=chunk, order=order,
-                                  summaries=backend, norm_weight=self.out_norm.weight, norm_eps=norm_eps)[:, :n]
-            self.aux_losses = {}
-            return self.out_proj(o.flatten(-2))     # out_norm is applied inside the kernel
+            return self._fused(qp, kp, vp, lap, bp, q_route, reps, chunk, backend, n)
         if self.route == "chunk" and self.top_k is not None and gates_override is None:
             q_route, reps = self.router_inputs(qp, kp, chunk)
             order, g_sel = chunk_routed_gates(q_route, reps, chunk, self.gate_bias, self.top_k)
@@ -183,6 +203,16 @@ class HLAttention(nn.Module):
             self.aux_losses = gate_regularisers(gates.float())
         o = self.out_norm(o)
         return self.out_proj(o.flatten(-2))
+
+    def _fused(self, q, k, v, log_alpha, beta, q_route, reps, chunk, backend, n, v_pad=None):
+        """Inference through the fused readout (inputs padded to whole chunks)."""
+        order = chunk_routing_order(q_route, reps, chunk, self.top_k) if self.top_k is not None else None
+        norm_eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(q.dtype).eps
+        o = hla_fused_forward(q, k, v, log_alpha, beta, q_route, reps, self.gate_bias, chunk=chunk, order=order,
+                              summaries=backend, norm_weight=self.out_norm.weight, norm_eps=norm_eps,
+                              v_pad=v_pad)[:, :n]
+        self.aux_losses = {}
+        return self.out_proj(o.flatten(-2))     # out_norm is applied inside the kernel
 
     def _one_chunk(self, q, k, v, log_alpha, beta, chunk, backend, n, need_aux):
         """A sequence of one chunk (every prompt up to ``chunk`` tokens) has no past chunk: no gates, no

@@ -79,13 +79,14 @@ def chunk_summaries_torch(q, k, v, log_alpha, beta, scale: float, chunk: int):
     return o_intra, r, a, b
 
 
-def chunk_summaries(q, k, v, log_alpha, beta, scale: float, chunk: int, backend: str = "torch"):
-    """Dispatch to the plain-PyTorch summaries or to flash-linear-attention (``backend="fla"``)."""
+def chunk_summaries(q, k, v, log_alpha, beta, scale: float, chunk: int, backend: str = "torch", v_pad=None):
+    """Dispatch to the plain-PyTorch summaries or to flash-linear-attention (``backend="fla"``, which
+    takes ``v_pad`` = [v | 0] when the caller has it)."""
     if backend == "torch":
         return chunk_summaries_torch(q, k, v, log_alpha, beta, scale, chunk)
     if backend == "fla":
         from .fla_backend import chunk_summaries_fla
-        return chunk_summaries_fla(q, k, v, log_alpha, beta, scale, chunk)
+        return chunk_summaries_fla(q, k, v, log_alpha, beta, scale, chunk, v_pad)
     raise ValueError(f"backend={backend!r} is not allowed: use 'torch' or 'fla'")
 
 
@@ -95,7 +96,7 @@ def gdn_from_summaries(o_intra, r, a, b):
     state = b.new_zeros(bsz, h, b.shape[-2], b.shape[-1])
     outs = []
     for c in range(nc):
-        outs.append(o_intra[:, :, c] + r[:, :, c] @ state)
+        outs.append(o_intra[:, :, c] + r[:, :, c].to(state.dtype) @ state)
         state = a[:, :, c] @ state + b[:, :, c]
     return torch.stack(outs, dim=2)
 

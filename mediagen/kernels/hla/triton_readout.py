@@ -8,10 +8,15 @@ GEMM steps, each a round trip of all effective queries r through memory. Here pr
 registers and visits the past chunks j = c−1, ..., 0 (or a listed subset, newest first):
 
     g   = sigmoid(log mean_p exp(q_route · rep_{j,p} / sqrt(D)) + bias)      one gate per token
-    out += g · (r b_j),      r <- r + g · (r A_j − r)                          (A^ = g A + (1−g) I)
+    out += g · (r b_j),      r <- r + g · r (A_j − I)                          (A^ = g A + (1−g) I)
 
-so nothing of size N × nC reaches memory. Programs of the last chunks walk longest; they are launched
-first (chunk index descending along grid axis 1). No gradients: training, and the paper's gate
+so nothing of size N × nC reaches memory. The wrapper hands the kernel A − I rather than A (one
+product per step, and A − I keeps its small entries' precision when rounded) and, for half-precision
+layers on a GPU, the maps in that half dtype: each step's two products then run on bf16/fp16 tensor
+cores with r rounded to the same dtype as their operand, while r and the output accumulate in fp32
+registers (``map_dtype`` chooses; fp32 maps give tf32 products, ``ieee`` exact fp32 ones).
+Programs of the last chunks walk longest; they are launched first (chunk index descending along
+grid axis 0, the fastest-varying one, so the programs in flight at once share a batch·head). No gradients: training, and the paper's gate
 regularisers (which need every gate), use the PyTorch path.
 
 ``hla_readout_tokens`` is the layer's entry point, a torch.library custom op (with a fake
@@ -51,10 +56,10 @@ def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER, NW,
                        H, NC, C, K, V, D, NB, STEPS, TILES, score_scale_log2, bias_lme, norm_eps,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
                        BNB: tl.constexpr, INDEXED: tl.constexpr, IEEE: tl.constexpr, NORM: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    ct = tl.program_id(1)
+    ct = tl.program_id(0)
     c = NC - 1 - ct // TILES                     # longest walks first
     ll = (ct % TILES) * BT + tl.arange(0, BT)
     kk = tl.arange(0, BK)
@@ -99,12 +104,17 @@ def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER, NW,
         lme = (top + tl.log2(tl.sum(tl.exp2(s - top[:, None]), axis=1))) * _LN2 + bias_lme
         g = on / (1.0 + tl.exp(-lme))
         # the chunk's affine map, read in place; padded rows/columns load as 0 and stay 0 in r
+        # A holds A_j - I; products in the maps' dtype (fp32 accumulation)
         a = tl.load(A + b * sa_b + h * sa_h + j * sa_c + kk[:, None] * sa_i + kk[None, :] * sa_j,
-                    mask=kmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+                    mask=kmask[:, None] & kmask[None, :], other=0.0)
         bm = tl.load(BM + b * sb_b + h * sb_h + j * sb_c + kk[:, None] * sb_k + vv[None, :] * sb_v,
-                     mask=kmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-        yb = _dot(r, bm, IEEE)
-        ya = _dot(r, a, IEEE) - r
+                     mask=kmask[:, None] & vmask[None, :], other=0.0)
+        if IEEE:
+            a = a.to(tl.float32)
+            bm = bm.to(tl.float32)
+        r_op = r.to(a.dtype)
+        yb = _dot(r_op, bm, IEEE)
+        ya = _dot(r_op, a, IEEE)
         acc += g[:, None] * yb
         r += g[:, None] * ya
 
@@ -144,9 +154,15 @@ def _check(o_intra, r, a, b, q_route, reps, order):
         raise ValueError(f"head dims up to 128 are supported by the fused readout; got K={K}, V={V}, D={D}")
 
 
+def step_maps(a, b, dtype):
+    """The maps the kernel walks with: (A - I, b) in ``dtype``, A - I formed before the rounding."""
+    eye = torch.eye(a.shape[-1], device=a.device, dtype=torch.float32)
+    return (a.float() - eye).to(dtype).contiguous(), b.to(dtype).contiguous()
+
+
 def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, ieee: bool | None = None,
                        block_tokens: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                       norm_weight=None, norm_eps: float = 1e-6, out=None):
+                       norm_weight=None, norm_eps: float = 1e-6, out=None, map_dtype: torch.dtype | None = None):
     """HLA output per chunk (B, H, nC, C, V) in fp32: the current chunk's ``o_intra`` plus the gated walk
     over past chunks, with the gates computed from ``q_route`` (B, nC·C, H, D) and the chunks' bucket
     representatives ``reps`` (B, H, nC, nb, D) exactly as ``router.chunk_gates`` does.
@@ -157,12 +173,20 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
     ``norm_weight`` (V,): apply RMSNorm over V with this weight before the store (as ``nn.RMSNorm``).
     ``out``: write into this (B, H, nC, C, V) tensor or strided view instead (any float dtype; a
     permuted view of a (B, nC·C, H, V) buffer gives the layer's token-major layout directly).
+    ``map_dtype``: the dtype of the walk's products (see the module docstring); default q_route's dtype
+    when that is fp16/bf16 and the products are not ``ieee``, else fp32.
     """
     _check(o_intra, r, a, b, q_route, reps, order)
     B, H, NC, C, V = o_intra.shape
     K, D, NB = r.shape[-1], q_route.shape[-1], reps.shape[3]
     if ieee is None:
         ieee = not o_intra.is_cuda
+    if map_dtype is None:
+        half = q_route.dtype in (torch.float16, torch.bfloat16)
+        map_dtype = q_route.dtype if half and not ieee else torch.float32
+    elif map_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"map_dtype={map_dtype} is not allowed: use torch.float32, torch.float16 or torch.bfloat16")
+    a, b = step_maps(a, b, map_dtype)
     bk, bv, bd = (max(16, triton.next_power_of_2(x)) for x in (K, V, D))
     bnb = max(16, triton.next_power_of_2(NB))
     bt = block_tokens or min(READOUT_CONFIG["BT"][64 if max(bk, bv) <= 64 else 128],
@@ -175,13 +199,18 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
                          f"on {out.device}")
     if norm_weight is not None and tuple(norm_weight.shape) != (V,):
         raise ValueError(f"norm_weight must have shape ({V},); got {tuple(norm_weight.shape)}")
+    if B * H > 65535:
+        raise ValueError(f"batch x heads = {B * H} is above the 65,535 programs of the launch grid's second axis; "
+                         "split the batch")
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     if order is None:
         order_t, steps, indexed = torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=o_intra.device), 0, False
     else:
         order_t, steps, indexed = order.to(torch.int32), order.shape[-1], True
-    grid = (B * H, NC * tiles)
+    # chunk tiles along axis 0 (launched first): the programs in flight share one (batch, head) and so
+    # its maps, which stay in L2 (across batch·heads the maps of a batch of 16 are ~100 MB, beyond it)
+    grid = (NC * tiles, B * H)
     hla_readout_kernel[grid](
         out, o_intra, r, a, b, q_route, reps, order_t, out if norm_weight is None else norm_weight,
         *out.stride(), *o_intra.stride(), *r.stride(), *a.stride(), *b.stride(), *q_route.stride(), *reps.stride(),

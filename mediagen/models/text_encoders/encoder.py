@@ -96,15 +96,16 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
 
     def forward(self, input_ids, attention_mask=None, return_aux: bool | None = None, return_dict: bool = True):
         """input_ids (B, L), attention_mask (B, L) (1 = real). Returns ``TextEncoderOutput``."""
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
         x = self.embed(input_ids)
         aux = x.new_zeros(())
-        for layer in self.layers:
+        for layer in self.layers:  # no mask given: every token is real, and the layers skip masking
             x = layer(x, attention_mask)
             if isinstance(layer.attn, HLAttention) and (return_aux or (return_aux is None and self.training)):
                 aux = aux + layer.attn.aux_losses.get("total", 0.0)
-        x = x * attention_mask[..., None].to(x.dtype)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        else:
+            x = x * attention_mask[..., None].to(x.dtype)
         out = TextEncoderOutput(last_hidden_state=x, attention_mask=attention_mask, aux_loss=aux)
         return out if return_dict else out.to_tuple()
 
