@@ -1,9 +1,12 @@
 """Launch settings of the fused HLA readout kernel at one shape: tokens per program, warps, stages.
 
-    python benchmarks/sweep_hla_readout.py [--tokens 32768] [--heads 12] [--head-dim 32] [--top-k 8]
+    python benchmarks/sweep_hla_readout.py [--tokens 32768] [--batch 16] [--heads 12] [--head-dim 32] [--top-k 8]
+    python benchmarks/sweep_hla_readout.py --layer --batch 16     # the whole HLA layer per setting
 
 Times each setting with triton.testing.do_bench (median) on random summaries of the right shapes and
-prints a table, fastest first, with the setting currently in ``READOUT_CONFIG`` marked.
+prints a table, fastest first, with the setting currently in ``READOUT_CONFIG`` marked. With --layer it
+times a random bf16 HLA layer's inference forward instead, the setting patched into ``READOUT_CONFIG``:
+the kernel then reads fla's strided summaries and writes the normalised token-major output, as in use.
 """
 
 import argparse
@@ -15,6 +18,7 @@ import torch
 import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from mediagen.attention.hla import HLAttention  # noqa: E402
 from mediagen.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_triton  # noqa: E402
 
 
@@ -28,6 +32,7 @@ def main(argv=None):
     ap.add_argument("--pool", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=None, help="listed walk over k past chunks per query chunk")
     ap.add_argument("--rep", type=int, default=200, help="do_bench milliseconds per setting")
+    ap.add_argument("--layer", action="store_true", help="time the whole HLA layer (fla summaries, norm, output)")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     H, D, C = args.heads, args.head_dim, args.chunk
@@ -42,6 +47,14 @@ def main(argv=None):
     if args.top_k:
         past = torch.arange(nc, device=dev)[:, None] - 1 - torch.arange(args.top_k, device=dev)[None, :]
         order = past.clamp_min(-1).expand(args.batch, H, nc, args.top_k).contiguous()
+    if args.layer:
+        layer = HLAttention(H * D, H, head_dim=D, chunk=C, pool=args.pool, top_k=args.top_k,
+                            route="chunk").to(dev, torch.bfloat16).eval()
+        x = torch.randn(args.batch, args.tokens, H * D, device=dev, dtype=torch.bfloat16)
+
+        def layer_forward():
+            with torch.no_grad():
+                layer(x)
     current = (READOUT_CONFIG["BT"][64 if D <= 64 else 128], READOUT_CONFIG["warps"], READOUT_CONFIG["stages"])
     rows = []
     for bt, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3)):
@@ -49,14 +62,22 @@ def main(argv=None):
             continue
         fn = lambda: hla_readout_triton(o_intra, r, a, b, q_route, reps, 2.2, order, block_tokens=bt,  # noqa: E731
                                         num_warps=warps, num_stages=stages)
+        saved = (dict(READOUT_CONFIG["BT"]), READOUT_CONFIG["warps"], READOUT_CONFIG["stages"])
+        if args.layer:
+            READOUT_CONFIG["BT"][64 if D <= 64 else 128] = bt
+            READOUT_CONFIG["warps"], READOUT_CONFIG["stages"] = warps, stages
+            fn = layer_forward
         try:
             ms = triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median")
         except Exception as err:  # e.g. out of shared memory or registers
             print(f"BT={bt} warps={warps} stages={stages}: {type(err).__name__}", flush=True)
             continue
+        finally:
+            READOUT_CONFIG["BT"].update(saved[0])
+            READOUT_CONFIG["warps"], READOUT_CONFIG["stages"] = saved[1:]
         rows.append((ms, bt, warps, stages))
         print(f"BT={bt} warps={warps} stages={stages}: {ms:.3f} ms", flush=True)
-    print(f"\nbatch {args.batch}, {args.tokens} tokens, {H}x{D}, chunk {C}, pool {args.pool}, top_k {args.top_k} "
+    print(f"\n{'whole layer, ' if args.layer else ''}batch {args.batch}, {args.tokens} tokens, {H}x{D}, chunk {C}, pool {args.pool}, top_k {args.top_k} "
           f"({torch.cuda.get_device_name()})\n\n| BT | warps | stages | ms |\n|---|---|---|---|")
     for ms, bt, warps, stages in sorted(rows):
         mark = " (current)" if (bt, warps, stages) == current else ""
