@@ -174,7 +174,7 @@ class HLAttention(nn.Module):
         chunk = self.chunk_for(n) if gates_override is None else self.chunk
         need_aux = bool(return_aux or (return_aux is None and self.training))
         fused = gates_override is None and n > chunk and self._fused_readout(x, need_aux)
-        if fused and attention_mask is None:  # the fused input pass, then the fused readout
+        if fused and attention_mask is None and self.pool <= 128:  # the fused input pass, then the readout
             qp, kp, v_pad, q_route, bp, lap, reps = hla_prepare(
                 *self.fused_projection(x), self.route_q, self.pool_k, self.pool_v, self.pool_o, self.A_log,
                 self.dt_bias, chunk, self.pool)
