@@ -77,7 +77,8 @@ def main(argv=None):
             READOUT_CONFIG["warps"], READOUT_CONFIG["stages"] = saved[1:]
         rows.append((ms, bt, warps, stages))
         print(f"BT={bt} warps={warps} stages={stages}: {ms:.3f} ms", flush=True)
-    print(f"\n{'whole layer, ' if args.layer else ''}batch {args.batch}, {args.tokens} tokens, {H}x{D}, chunk {C}, pool {args.pool}, top_k {args.top_k} "
+    print(f"\n{'whole layer, ' if args.layer else ''}batch {args.batch}, {args.tokens} tokens, {H}x{D}, "
+          f"chunk {C}, pool {args.pool}, top_k {args.top_k} "
           f"({torch.cuda.get_device_name()})\n\n| BT | warps | stages | ms |\n|---|---|---|---|")
     for ms, bt, warps, stages in sorted(rows):
         mark = " (current)" if (bt, warps, stages) == current else ""

@@ -45,7 +45,8 @@ def test_fused_prepare_matches_the_pytorch_pieces(device, B, N, H, D, chunk, poo
     for name, g, w in zip(NAMES, got, want):
         assert g.shape == w.shape, name
         assert torch.isfinite(g).all(), f"{name}: unwritten (NaN) elements, seed {seed}"
-        torch.testing.assert_close(g.double(), w.double(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}, seed {seed}: {m}")
+        torch.testing.assert_close(g.double(), w.double(), rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{name}, seed {seed}: {m}")
 
 
 def test_custom_op_registration(device):

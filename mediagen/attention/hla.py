@@ -19,8 +19,9 @@ Inference (no gradient needed, no auxiliary losses asked for) on a GPU uses the 
 chunks, so the (B, H, N, nC) gate tensor never exists; without a padding mask, a second kernel
 (``kernels.hla.triton_prepare``) turns one fused projection's output into every input the summaries
 and the readout need (normalised q and k, routed queries, beta, decay, bucket representatives).
-``readout="torch"`` forces the unfused path; ``readout="triton"`` forces the kernels (also under TRITON_INTERPRET=1 on a CPU). Token-routed top-k
-and the gate threshold rank chunks by every gate, so they always take the unfused path.
+``readout="torch"`` forces the unfused path; ``readout="triton"`` forces the kernels (also under
+TRITON_INTERPRET=1 on a CPU). Token-routed top-k and the gate threshold rank chunks by every gate, so
+they always take the unfused path.
 
 The paper's regularisers (budget, effective support, binary) are left in ``self.aux_losses`` after a
 forward with ``return_aux=True`` (or in training mode); add ``aux_losses['total']`` to the loss.

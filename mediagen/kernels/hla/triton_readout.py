@@ -16,8 +16,8 @@ layers on a GPU, the maps in that half dtype: each step's two products then run 
 cores with r rounded to the same dtype as their operand, while r and the output accumulate in fp32
 registers (``map_dtype`` chooses; fp32 maps give tf32 products, ``ieee`` exact fp32 ones).
 Programs of the last chunks walk longest; they are launched first (chunk index descending along
-grid axis 0, the fastest-varying one, so the programs in flight at once share a batch·head). No gradients: training, and the paper's gate
-regularisers (which need every gate), use the PyTorch path.
+grid axis 0, the fastest-varying one, so the programs in flight at once share a batch·head). No
+gradients: training, and the paper's gate regularisers (which need every gate), use the PyTorch path.
 
 ``hla_readout_tokens`` is the layer's entry point, a torch.library custom op (with a fake
 implementation) so that torch.compile traces an HLA layer through it without a graph break.
