@@ -1,7 +1,8 @@
 """Gated DeltaNet and HLA (hierarchical affine history) as pure functions: a token-by-token
 reference (``naive``), a plain-PyTorch chunked path (``chunk``), chunk gates (``router``), the
-flash-linear-attention backend for CUDA (``fla_backend``, imported lazily), and the fused inference
-readout, gates and walk in one Triton kernel (``triton_readout``, dispatched by ``readout``)."""
+flash-linear-attention backend for CUDA (``fla_backend``, imported lazily), and for inference two
+Triton kernels: the layer's inputs in one pass (``triton_prepare``) and the readout, gates and walk in
+one kernel (``triton_readout``, dispatched by ``readout``)."""
 
 from .chunk import (chunk_summaries, gated_delta_rule_chunked, hla_chunked, hla_walk, hla_walk_sparse,
                     pad_to_chunks, select_chunks)
