@@ -66,6 +66,19 @@ def test_padding_changes_no_real_token(attention, tokenizer):
     assert out.last_hidden_state.shape == (2, 40, 32) and out.attention_mask.shape == (2, 40)
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_no_mask_means_every_token_is_real(attention):
+    """Without attention_mask the layers skip masking altogether; the result is the all-ones mask's, and
+    the output reports that mask."""
+    model = tiny(attention)
+    ids = torch.randint(1000, 2000, (2, 11))
+    with torch.no_grad():
+        plain = model(ids)
+        ones = model(ids, attention_mask=torch.ones_like(ids))
+    torch.testing.assert_close(plain.last_hidden_state, ones.last_hidden_state, rtol=1e-6, atol=1e-6)
+    assert torch.equal(plain.attention_mask, torch.ones_like(ids))
+
+
 def test_minilm_padding_and_shapes(minilm):
     alone, mask_alone = minilm.encode("a cat", padding="longest")
     both, mask = minilm.encode(["a cat", "a lighthouse on a cliff at night, oil painting"], max_length=77)

@@ -47,8 +47,8 @@ def hla_readout(o_intra, r, a, b, q_route, reps, bias: float, order=None, *, bac
 def hla_fused_forward(q, k, v, log_alpha, beta, q_route, reps, bias: float, *, chunk: int, order=None,
                       summaries: str = "torch", readout: str = "triton", norm_weight=None, norm_eps: float = 1e-6,
                       v_pad=None):
-    """HLA output (B, N, H, V) in q's dtype without materialising the gates: chunk summaries (fp32),
-    then the fused readout. Inputs are already padded to whole chunks (q_route and reps too).
+    """HLA output (B, N, H, V) in q's dtype without materialising the gates: chunk summaries, then the
+    fused readout. Inputs are already padded to whole chunks (q_route and reps too).
     ``norm_weight`` (V,): the per-head RMSNorm of the output too, in the kernel's epilogue.
     ``v_pad``: [v | 0], for fla's summaries, when the caller has it."""
     scale = q.shape[-1] ** -0.5
