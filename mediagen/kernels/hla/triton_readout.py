@@ -104,8 +104,8 @@ def hla_readout_kernel(OUT, OI, R, A, BM, QR, REPS, ORDER, NW,
         top = tl.max(s, axis=1)
         lme = (top + tl.log2(tl.sum(tl.exp2(s - top[:, None]), axis=1))) * _LN2 + bias_lme
         g = on / (1.0 + tl.exp(-lme))
-        # the chunk's affine map, read in place; padded rows/columns load as 0 and stay 0 in r
-        # A holds A_j - I; products in the maps' dtype (fp32 accumulation)
+        # the chunk's affine map as ``step_maps`` wrote it (A holds A_j - I), products in the maps' dtype
+        # with fp32 accumulation; padded rows/columns load as 0 and stay 0 in r
         a = tl.load(A + b * sa_b + h * sa_h + j * sa_c + kk[:, None] * sa_i + kk[None, :] * sa_j,
                     mask=kmask[:, None] & kmask[None, :], other=0.0)
         bm = tl.load(BM + b * sb_b + h * sb_h + j * sb_c + kk[:, None] * sb_k + vv[None, :] * sb_v,
