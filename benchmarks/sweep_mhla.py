@@ -3,6 +3,7 @@ KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
 
     python benchmarks/sweep_mhla.py [--quick]
     python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernel's settings
+    python benchmarks/sweep_mhla.py --kernels query_grad,key_grad   # only these, at Wan 480p
 """
 
 import argparse
@@ -72,6 +73,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--mix", action="store_true", help="sweep only the block-mixing kernel")
+    ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at Wan 480p")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
     if args.mix:
@@ -82,14 +84,18 @@ def main():
     grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
     if args.quick:
         grid = grid[::3]
+    only = [k for k in args.kernels.split(",") if k]
     best = {}
-    for s in (wan, dit512):
-        for J in (1, 4):
+    for s in (wan,) if only else (wan, dit512):
+        for J in (1,) if only else (1, 4):
             x = chunked_inputs(s, J)
             for name, call in kernel_calls(x).items():
+                if only and name not in only:
+                    continue
                 rows = []
                 for tile, bt, warps, stages in grid:
-                    T.KERNEL_CONFIGS[name] = dict(TILE=tile, BT=bt, warps=warps, stages=stages)
+                    # other keys (the product precision) keep their defaults
+                    T.KERNEL_CONFIGS[name] = dict(defaults[name], TILE=tile, BT=bt, warps=warps, stages=stages)
                     rows.append((timed(call), tile, bt, warps, stages))
                 T.KERNEL_CONFIGS[name] = dict(defaults[name])
                 ok = sorted(r for r in rows if not isinstance(r[0], str))
@@ -97,6 +103,8 @@ def main():
                       f"{timed(call)}; worst {ok[-1]}", flush=True)
                 best.setdefault(name, []).append((s.name, J, ok[:3]))
             del x
+    if only:
+        return
     for s in (dit256, dit512):
         B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

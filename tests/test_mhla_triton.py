@@ -8,9 +8,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from mediagen.kernels import mhla, mhla_reference
 from mediagen.kernels.mhla import triton_op
+from mediagen.kernels.mhla.triton_common import first_column, hi_lo_columns
 from mediagen.kernels.mhla.triton_op import mhla_triton
 
 ON_GPU = torch.cuda.is_available()
@@ -97,13 +100,40 @@ def test_dispatch_defaults(device):
     assert torch.equal(auto, tri if device.type == "cuda" else ref)
 
 
-def test_custom_op_registration(device):
-    """Schema, fake implementation and autograd registration agree with the real kernels."""
-    q, k, v = make(1, (3, 4), 1, 16, torch.float32, device, "relu")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_custom_op_registration(device, dtype):
+    """Schema, fake implementation and autograd registration agree with the real kernels (the fake
+    block summaries have the real ones' dtype: bf16 for bf16 inputs)."""
+    q, k, v = make(1, (3, 4), 1, 16, dtype, device, "relu")
     mix = torch.rand(2, 2, device=device, requires_grad=True)
     args = (q.requires_grad_(), k, v, mix, [3, 4], [1, 2], True, 1e-6, "relu", 1.0, "chunked", 1)
     torch.library.opcheck(torch.ops.mediagen.mhla_fwd.default, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@triton.jit
+def _product_columns_kernel(X, HILO, FIRST, N: tl.constexpr):
+    n = tl.arange(0, N)
+    c = tl.arange(0, 16)
+    x = tl.load(X + n)
+    tl.store(HILO + n[:, None] * 16 + c[None, :], hi_lo_columns(x, tl.bfloat16))
+    tl.store(FIRST + n[:, None] * 16 + c[None, :], first_column(N, tl.bfloat16))
+
+
+def test_product_columns(device):
+    """The matrices that turn row sums into tensor-core products: [x_hi | x_lo | 0...] holds x to
+    ~2^-16 in two bf16 columns, and first_column is e_0 on every row."""
+    x = torch.randn(32, device=device) * torch.logspace(-3, 3, 32, device=device)
+    hilo = torch.full((32, 16), float("nan"), device=device, dtype=torch.bfloat16)
+    first = torch.full((32, 16), float("nan"), device=device, dtype=torch.bfloat16)
+    _product_columns_kernel[(1,)](x, hilo, first, N=32)
+    both = hilo[:, 0].double() + hilo[:, 1].double()
+    assert ((both - x.double()).abs() / x.double().abs()).max() < 2.0 ** -15
+    assert ((hilo[:, 0].double() - x.double()).abs() / x.double().abs()).max() > 2.0 ** -12  # lo matters
+    assert torch.equal(hilo[:, 2:], torch.zeros_like(hilo[:, 2:]))
+    want = torch.zeros(32, 16, device=device, dtype=torch.bfloat16)
+    want[:, 0] = 1
+    assert torch.equal(first, want)
 
 
 def test_compiles_without_graph_breaks(device):

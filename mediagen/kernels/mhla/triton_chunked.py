@@ -17,13 +17,20 @@ leaves the compiler unable to prove the column masks constant over 8 lanes, and 
 of a token row falls back to 2-byte accesses.
 Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
+Row sums run on the tensor cores as products with a one-hot column (``first_column``): z = sum phi(k_s)
+is phi(K)^T e_0 summed over the 16 columns; with half-precision products (LOWP) apply's q.z~ is
+q [z_hi | z_lo | 0..] (``hi_lo_columns``). On the H200 (Wan 480p, benchmarks/RESULTS.md) the cross-lane
+reductions they replace cost more than a tenth of each kernel. (query_grad keeps its sums: the same
+products there, with 8 warps, computed wrong dz~ and faulted on the H200 under triton 3.6.)
+The summaries are stored in bf16 for bf16 inputs (their products already round to bf16) and fp32
+otherwise (fp16's range is too small for sums over a block).
 """
 
 import triton
 import triton.language as tl
 
 from ..triton_dot import dot as _dot
-from .triton_common import feature, feature_grad, rope_tables, rotate, split_range
+from .triton_common import feature, feature_grad, first_column, hi_lo_columns, rope_tables, rotate, split_range
 
 
 @triton.jit
@@ -43,7 +50,11 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
     dmask = d < D
     emask = e < D
     acc = tl.zeros((BD, TILE), dtype=tl.float32)
-    accz = tl.zeros((BD,), dtype=tl.float32)
+    accz = tl.zeros((BD, 16), dtype=tl.float32)  # z in column 0 (first_column)
+    if DOT_F32:
+        ones = first_column(BT, tl.float32)
+    else:
+        ones = first_column(BT, V.dtype.element_ty)
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
     for t in range(lo, hi, BT):
@@ -60,13 +71,14 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
         vt = tl.load(vbase + tok[:, None] * svn + e[None, :] * svd, mask=rmask[:, None] & emask[None, :], other=0.0)
         if DOT_F32:
             acc += _dot(tl.trans(kn), vt.to(tl.float32), IEEE)
+            accz += _dot(tl.trans(kf), ones, IEEE)
         else:
             acc += tl.dot(tl.trans(kn.to(vt.dtype)), vt)
-        accz += tl.sum(kf, axis=0)
+            accz += tl.dot(tl.trans(kf.to(vt.dtype)), ones)
     out = SZ + (bh.to(tl.int64) * MJ + ij) * X
-    tl.store(out + d[:, None] * D + e[None, :], acc, mask=dmask[:, None] & emask[None, :])
+    tl.store(out + d[:, None] * D + e[None, :], acc.to(SZ.dtype.element_ty), mask=dmask[:, None] & emask[None, :])
     if tile == 0:
-        tl.store(out + D * D + d, accz, mask=dmask)
+        tl.store(out + D * D + d, tl.sum(accz, axis=1).to(SZ.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -91,9 +103,12 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
     emask = e < D
     summ = SZM + (bh.to(tl.int64) * M + i) * X
     S = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
-    z = tl.load(summ + D * D + d, mask=dmask, other=0.0)
+    z = tl.load(summ + D * D + d, mask=dmask, other=0.0).to(tl.float32)
     if LOWP:
         S_lp = S.to(Q.dtype.element_ty)
+        z_cols = hi_lo_columns(z, Q.dtype.element_ty)  # q.z~ as a product
+    else:
+        S = S.to(tl.float32)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
     obase = O + b.to(tl.int64) * sob + h * soh
     for t in range(lo, hi, BT):
@@ -112,7 +127,10 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
         else:
             u = _dot(qn, S, IEEE)
         if NORMALIZE:
-            den = tl.sum(qf * z[None, :], axis=1) + eps
+            if LOWP:
+                den = tl.sum(tl.dot(qf.to(Q.dtype.element_ty), z_cols), axis=1) + eps
+            else:
+                den = tl.sum(qf * z[None, :], axis=1) + eps
             u = u / den[:, None]
         else:
             u = u * scale
@@ -142,8 +160,9 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
     emask = e < D
     summ = SZM + (bh.to(tl.int64) * M + i) * X
     S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
-    z = tl.load(summ + D * D + d, mask=dmask, other=0.0)
-    z_e = tl.load(summ + D * D + e, mask=emask, other=0.0)
+    S_rows = S_rows.to(tl.float32)
+    z = tl.load(summ + D * D + d, mask=dmask, other=0.0).to(tl.float32)
+    z_e = tl.load(summ + D * D + e, mask=emask, other=0.0).to(tl.float32)
     if LOWP:
         S_lp = S_rows.to(Q.dtype.element_ty)
     accS = tl.zeros((BD, TILE), dtype=tl.float32)

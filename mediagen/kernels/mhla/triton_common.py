@@ -38,6 +38,25 @@ def feature_grad(x, FEATURE: tl.constexpr):
 
 
 @triton.jit
+def first_column(ROWS: tl.constexpr, dtype: tl.constexpr):
+    """(ROWS, 16) matrix whose column 0 is ones and the rest zeros: x^T @ it puts x's column sums in
+    column 0, on the tensor cores (16 is the narrowest product they take)."""
+    col = tl.arange(0, 16)
+    return tl.broadcast_to(tl.where(col == 0, 1.0, 0.0)[None, :], (ROWS, 16)).to(dtype)
+
+
+@triton.jit
+def hi_lo_columns(x, dtype: tl.constexpr):
+    """(n, 16) matrix in ``dtype`` from the fp32 vector x (n,): column 0 is x rounded to dtype, column 1
+    the rounding's remainder, the rest zeros. Summed over its 16 columns, y @ it is y.x to ~2^-16
+    relative with half-precision products, on the tensor cores."""
+    hi = x.to(dtype)
+    lo = (x - hi.to(tl.float32)).to(dtype)
+    col = tl.arange(0, 16)[None, :]
+    return tl.where(col == 0, hi[:, None], tl.where(col == 1, lo[:, None], 0.0)).to(dtype)
+
+
+@triton.jit
 def split_range(offsets_ptr, i, j, J):
     """(start of block i in the sorted token list, first and end local index of split j)."""
     start = tl.load(offsets_ptr + i)

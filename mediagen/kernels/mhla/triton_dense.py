@@ -7,6 +7,8 @@ re-reading M per-block D x D summaries when N is small (DiT at 256 px: N = 256, 
 where the summaries outweigh q, k and v together). Tokens stay in their grid order; each token's
 block id comes from a small int32 table. D is a compile-time constant (see triton_chunked.py). With ROPE the numerator's scores use rotated features,
 R_t(phi(q_t)).R_s(phi(k_s)), and the denominator's do not (a second score dot).
+DEN_COL (head dims below the padded width, no RoPE): the denominator sum_s p_ts rides in the p @ v
+product as the padding column D of v set to ones, instead of a row reduction per key tile.
 """
 
 import triton
@@ -21,7 +23,8 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                          sct, scj, sst, ssj,
                          N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
                          BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr,
-                         ONEHOT: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
+                         ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
+                         NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
                          IEEE: tl.constexpr, ROPE: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
@@ -63,6 +66,8 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
             ck, sk = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, 0, BD // 2, D)
             kn = rotate(kf, ck, sk, BS, BD, False)
         vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd, mask=kmask, other=0.0)
+        if DEN_COL:  # column D is padding (zeros): ones there make acc[:, D] = sum_s p_ts
+            vt = vt + (d == D).to(vt.dtype)[None, :]
         bk = tl.load(BLK + cols, mask=cmask, other=0)
         if ONEHOT:
             onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
@@ -88,7 +93,10 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
             acc += tl.dot(p.to(vt.dtype), vt)
             if ROPE:
                 p = tl.dot(qf, tl.trans(kf.to(vt.dtype))) * w
-        den += tl.sum(p, axis=1)  # the un-rotated scores with ROPE
+        if not DEN_COL:
+            den += tl.sum(p, axis=1)  # the un-rotated scores with ROPE
+    if DEN_COL:
+        den = tl.sum(tl.where((d == D)[None, :], acc, 0.0), axis=1)
     if NORMALIZE:
         out = acc / (den + eps)[:, None]
     else:

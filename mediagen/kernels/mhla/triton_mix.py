@@ -1,7 +1,8 @@
 """Block mixing on the GPU, without the transposed copies a broadcast torch.matmul makes.
 
 mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~ = Mc S, or Mc^T dS~)
-                  J token splits of a block are summed by the same product.
+                  J token splits of a block are summed by the same product. src and out may be bf16
+                  (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE).
 mix_grad_kernel:  part[bh, t, i, j] = sum_{x in tile t} L[bh, i, x] * R[bh, j, x]   (dMc = dS~ . S),
                   split over column tiles so the long reduction (X = D*D + D) runs in parallel.
 """
@@ -27,11 +28,12 @@ def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, X,
         a = tl.load(A + h * sah + i[:, None] * sai + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :],
                     other=0.0).to(tl.float32)
         s = tl.load(src + kk[:, None].to(tl.int64) * X + x[None, :], mask=kmask[:, None] & xmask[None, :], other=0.0)
+        s = s.to(tl.float32)
         if IEEE:
             acc += tl.dot(a, s, input_precision="ieee")
         else:
             acc += tl.dot(a, s)
-    tl.store(OUT + bh.to(tl.int64) * M * X + i[:, None].to(tl.int64) * X + x[None, :], acc,
+    tl.store(OUT + bh.to(tl.int64) * M * X + i[:, None].to(tl.int64) * X + x[None, :], acc.to(OUT.dtype.element_ty),
              mask=imask[:, None] & xmask[None, :])
 
 
@@ -54,6 +56,7 @@ def mix_grad_kernel(L, R, PART, M, X, NT, XT,
         xmask = xx < x_end
         lt = tl.load(lbase + i[:, None].to(tl.int64) * X + xx[None, :], mask=imask[:, None] & xmask[None, :], other=0.0)
         rt = tl.load(rbase + j[:, None].to(tl.int64) * X + xx[None, :], mask=jmask[:, None] & xmask[None, :], other=0.0)
+        rt = rt.to(tl.float32)  # the block summaries, bf16 for bf16 inputs
         if IEEE:
             acc += tl.dot(lt, tl.trans(rt), input_precision="ieee")
         else:

@@ -53,13 +53,19 @@ def _num_sms(device_index: int) -> int:
 # rounded once to it) instead of tf32 products of fp32 copies; on the H200 that made the Wan 480p
 # forward 12% and forward+backward 25% faster (benchmarks/RESULTS.md) within the bf16 error bound.
 KERNEL_CONFIGS = {
-    "summary": dict(TILE=128, BT=64, warps=4, stages=3),
+    "summary": dict(TILE=128, BT=64, warps=8, stages=3),
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
     "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=True),
     "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=True),
-    "dense": dict(BT=64, BS=64, warps=8, stages=3, onehot=True),
-    "mix": dict(BX=128, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
+    "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
+    "mix": dict(BX=64, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
 }
+
+
+def summary_dtype(dtype):
+    """Storage dtype of the per-block summaries: bf16 for bf16 inputs (the kernels' products round
+    them to bf16 anyway), fp32 for fp32 and fp16 (whose range is too small for sums over a block)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
 def _lowp(name: str, dtype) -> bool:
@@ -100,9 +106,10 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False) -> str:
     ~5 us per launch (chunked runs summary, mix and apply). With rope the dense kernel does a
     third dot (the un-rotated scores) and both read the angle tables."""
     es = 4 if dtype == torch.float32 else 2
+    ss = summary_dtype(dtype).itemsize
     BD = max(16, triton.next_power_of_2(D))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
-    chunked = (io + 4 * 4 * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
+    chunked = (io + 4 * ss * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
     dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + 5e-6
     return "dense" if dense < chunked else "chunked"
 
@@ -129,7 +136,7 @@ def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None):
     B, N, H, D = k.shape
     BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and k.dtype == torch.float32)
     X = D * D + D
-    sz = _new((B, H, M * J, X), k, torch.float32)
+    sz = _new((B, H, M * J, X), k, summary_dtype(k.dtype))
     tables, tstrides, rope = _rope_args(cos, sin, k)
     summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         k, v, sz, order, offsets, *tables, *k.stride(), *v.stride(), *tstrides, H, M * J, J, D, X,
@@ -138,8 +145,8 @@ def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None):
     return sz
 
 
-def launch_mix(mix, src, J, ieee, transpose=False):
-    """(B, H, M, X) fp32 = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M)."""
+def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32):
+    """(B, H, M, X) in ``out_dtype`` = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M)."""
     B, H, K, X = src.shape
     M = mix.shape[-1]
     m = mix.float()
@@ -147,7 +154,7 @@ def launch_mix(mix, src, J, ieee, transpose=False):
     sai, saj = m.stride(-2), m.stride(-1)
     if transpose:
         sai, saj = saj, sai
-    out = _new((B, H, M, X), src, torch.float32)
+    out = _new((B, H, M, X), src, out_dtype)
     BM = min(64, max(16, triton.next_power_of_2(M)))
     c = KERNEL_CONFIGS["mix"]
     mix_kernel[(B * H, triton.cdiv(X, c["BX"]), triton.cdiv(M, BM))](
@@ -185,7 +192,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     M = math.prod(blocks)
     c = KERNEL_CONFIGS["dense"]
     BD = max(16, triton.next_power_of_2(D))
-    BT = c["BT"] if BD <= 128 else 32
+    BT = 32 if BD > 128 else (c["BT"] if q.dtype != torch.float32 else min(c["BT"], 64))
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
     BS = c["BS"] if BD < 128 or (BD == 128 and not (cos is not None and q.dtype == torch.float32)) else 32
     BM = max(16, triton.next_power_of_2(M))
@@ -197,7 +204,8 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
         q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *tstrides,
         N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
-        BD=BD, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, FEATURE=fcode, NORMALIZE=normalize,
+        BD=BD, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, DEN_COL=normalize and D < BD and cos is None,
+        FEATURE=fcode, NORMALIZE=normalize,
         DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=c["warps"], num_stages=c["stages"])
     return o
 
@@ -240,7 +248,8 @@ def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale,
         return o, q.new_empty((0,), dtype=torch.float32)
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
     sz = launch_summary(k, v, order, offsets, M, splits, fcode, cos, sin)
-    mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32)
+    # the apply rounds S~ to the input dtype for its products, so S~ is stored as the summaries are
+    mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32, out_dtype=sz.dtype)
     o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode, cos, sin)
     return o, sz
 
@@ -298,7 +307,7 @@ def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm,
     o = q.new_empty((B, N, H, D))
     if algorithm == "dense":
         return o, q.new_empty((0,), dtype=torch.float32)
-    return o, q.new_empty((B, H, math.prod(blocks) * splits, D * D + D), dtype=torch.float32)
+    return o, q.new_empty((B, H, math.prod(blocks) * splits, D * D + D), dtype=summary_dtype(q.dtype))
 
 
 @torch.library.custom_op("mediagen::mhla_bwd", mutates_args=())
