@@ -93,10 +93,10 @@ class _SequenceParallelMHLA(torch.autograd.Function):
         M = mix.shape[-1]
         m_local = M // world
         rows = slice(rank * m_local, (rank + 1) * m_local)
-        sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode)
+        sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode)  # bf16 for bf16 inputs
         sz_all = _gather_blocks(sz_local, group)
         mix_rows = mix[..., rows, :]
-        mixed = torch.matmul(mix_rows.float(), sz_all)  # (B, H, M/P, X)
+        mixed = torch.matmul(mix_rows.float(), sz_all.float())  # (B, H, M/P, X)
         o = T.launch_apply(q, mixed.contiguous(), order, offsets, m_local, 1, normalize, eps, scale, fcode)
         ctx.save_for_backward(q, k, v, mix, o, sz_all, mixed, order, offsets)
         ctx.args = (group, normalize, eps, fcode, scale, rows)
@@ -115,7 +115,7 @@ class _SequenceParallelMHLA(torch.autograd.Function):
         dsz_all = torch.matmul(mix_rows.transpose(-1, -2), dmixed)           # (B, H, M, X), our rows' part
         dsz_local = _reduce_scatter_blocks(dsz_all, group)
         dk, dv = T.launch_key_grad(k, v, dsz_local, order, offsets, m_local, 1, fcode)
-        drows = torch.matmul(dmixed, sz_all.transpose(-1, -2)).sum(0)         # (H, M/P, M)
+        drows = torch.matmul(dmixed, sz_all.float().transpose(-1, -2)).sum(0)  # (H, M/P, M)
         dmix = torch.zeros(mix.shape, device=mix.device, dtype=torch.float32)
         if mix.dim() == 3:
             dmix[:, rows] = drows
