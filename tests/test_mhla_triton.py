@@ -303,7 +303,8 @@ def test_rope_real_size_on_gpu(dtype):
     """Wan 480p-like (12 x 128, 21 x 30 x 52 tokens), tables in the model's fp32, both algorithms at 2,048 tokens."""
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
-    for grid, blocks, algorithms in (((21, 30, 52), (3, 5, 4), ("chunked",)), ((8, 16, 16), (2, 2, 2), ("chunked", "dense"))):
+    cases = (((21, 30, 52), (3, 5, 4), ("chunked",)), ((8, 16, 16), (2, 2, 2), ("chunked", "dense")))
+    for grid, blocks, algorithms in cases:
         q, k, v = make(1, grid, 12, 128, dtype, device, "relu")
         M, N = math.prod(blocks), math.prod(grid)
         mix = torch.rand(M, M, device=device)

@@ -5,8 +5,9 @@ For a tile of queries the kernel walks all keys like flash attention, without th
 This is the dense form of MHLA (DESIGN.md) and costs O(N^2 D), which beats writing, mixing and
 re-reading M per-block D x D summaries when N is small (DiT at 256 px: N = 256, M = 16, d = 72,
 where the summaries outweigh q, k and v together). Tokens stay in their grid order; each token's
-block id comes from a small int32 table. D is a compile-time constant (see triton_chunked.py). With ROPE the numerator's scores use rotated features,
-R_t(phi(q_t)).R_s(phi(k_s)), and the denominator's do not (a second score dot).
+block id comes from a small int32 table. D is a compile-time constant (see triton_chunked.py).
+With ROPE the numerator's scores use rotated features, R_t(phi(q_t)).R_s(phi(k_s)), and the
+denominator's do not (a second score dot).
 DEN_COL (head dims below the padded width, no RoPE): the denominator sum_s p_ts rides in the p @ v
 product as the padding column D of v set to ones, instead of a row reduction per key tile.
 """
