@@ -1,0 +1,122 @@
+"""Registers, spills and shared memory of each MHLA Triton kernel at its shipped launch settings,
+compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas reports them.
+
+    python benchmarks/kernel_resources.py [--head-dim 128] [--kernels summary,query_grad]
+
+Occupancy bounds what a memory-bound kernel can keep in flight: an H100/H200 multiprocessor has
+65,536 registers and 227 KiB of shared memory, so a program of W warps using R registers per thread
+fits floor(65536 / (32 * W * R)) times by registers. The CTAs-per-SM column is the smaller of the
+register and shared-memory bounds (the hardware's own limits on warps and blocks are not reached).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from mediagen.kernels.mhla import triton_op as T  # noqa: E402
+from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel, query_grad_kernel,  # noqa: E402
+                                                  summary_kernel)
+from mediagen.kernels.mhla.triton_dense import dense_forward_kernel  # noqa: E402
+
+REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
+# pointer arguments and their element types for bf16 inputs (the summaries the forward writes are
+# bf16, the backward's mixed summaries and their gradients fp32)
+POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
+            "SZ": "bf16", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
+            "order": "i32", "offsets": "i32"}
+FLOATS = {"eps", "scale"}
+UNIT_STRIDES = {"sqd", "skd", "svd", "sod", "sgd", "sdd", "sdkd", "sdvd"}  # the head dim is contiguous
+
+
+def compile_report(fn, constexprs: dict, warps: int, stages: int, szm_dtype: str = "bf16") -> dict:
+    """Compile ``fn`` for sm_90a as a launch on contiguous bf16 tensors would (16-divisible pointers and
+    strides, unit last-dim strides) and return its registers, spilled bytes and shared memory."""
+    consts = dict(constexprs)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in UNIT_STRIDES:
+            consts[name] = 1
+            sig[name] = "constexpr"
+        elif name in POINTERS or name == "SZM":
+            sig[name] = "*" + (szm_dtype if name == "SZM" else POINTERS[name])
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in FLOATS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name.startswith("s"):  # strides of (B, N, H, D) tensors and of the angle tables
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    smem = kernel.metadata.shared
+    by_regs = REGISTERS_PER_SM // (32 * warps * regs)
+    by_smem = SMEM_PER_SM // smem if smem else by_regs
+    return dict(registers=regs, spill_bytes=int(spill.group(1)) if spill else 0, shared_bytes=smem,
+                warps=warps, stages=stages, ctas_per_sm=min(by_regs, by_smem))
+
+
+def chunked_constexprs(name, D, **extra):
+    BD, TILE, BT, warps, stages = T._config(name, D)
+    c = dict(D=D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=False, ROPE=False, **extra)
+    return c, warps, stages
+
+
+def reports(D: int, only=()):
+    """{kernel name: report} at head dim D, bf16 inputs, ReLU features, normalised, no RoPE."""
+    plans = {
+        "summary": (summary_kernel, chunked_constexprs("summary", D, DOT_F32=False), "bf16"),
+        "apply": (apply_kernel, chunked_constexprs("apply", D, NORMALIZE=True, LOWP=True), "bf16"),
+        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, NORMALIZE=True, LOWP=True), "fp32"),
+        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, LOWP=True), "fp32"),
+    }
+    c = T.KERNEL_CONFIGS["dense"]
+    BD = max(16, triton.next_power_of_2(D))
+    dense = dict(D=D, BD=BD, BT=32 if BD > 128 else c["BT"], BS=c["BS"] if BD <= 128 else 32, BM=16, ONEHOT=True,
+                 DEN_COL=D < BD, FEATURE=1, NORMALIZE=True, DOT_F32=False, IEEE=False, ROPE=False)
+    plans["dense"] = (dense_forward_kernel, (dense, c["warps"], c["stages"]), "bf16")
+    out = {}
+    for name, (fn, (consts, warps, stages), szm) in plans.items():
+        if only and name not in only:
+            continue
+        out[name] = compile_report(fn, consts, warps, stages, szm)
+    return out
+
+
+def main():
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("kernel_resources.py compiles the kernels: unset TRITON_INTERPRET (the interpreter's kernels "
+                 "cannot be compiled)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--kernels", default="", help="comma list of summary, apply, query_grad, key_grad, dense")
+    args = ap.parse_args()
+    only = [k for k in args.kernels.split(",") if k]
+    print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, bf16 inputs\n")
+    print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in reports(args.head_dim, only).items():
+        print(f"| {name} | {r['warps']} | {r['stages']} | {r['registers']} | {r['spill_bytes']} | "
+              f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/kernel_resources.py compiles the MHLA kernels for sm_90a without a GPU (in a process
+without Triton's interpreter) and reads ptxas's register and spill counts."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args, interpret=False):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "kernel_resources.py"), *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_reports_registers_shared_memory_and_occupancy():
+    proc = run("--head-dim", "32", "--kernels", "apply,key_grad")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| (\d+) \|$", proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["apply", "key_grad"]
+    for name, warps, stages, regs, spill, smem_kib, ctas in rows:
+        warps, regs, ctas = int(warps), int(regs), int(ctas)
+        assert 16 <= regs <= 255 and int(spill) >= 0 and 0 < float(smem_kib) <= 227, name
+        assert 1 <= ctas <= 65536 // (32 * warps * regs), name
+
+
+def test_refuses_the_interpreter():
+    proc = run("--kernels", "apply", interpret=True)
+    assert proc.returncode != 0 and "unset TRITON_INTERPRET" in proc.stderr
