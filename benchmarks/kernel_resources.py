@@ -89,9 +89,10 @@ def reports(D: int, only=()):
         "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, LOWP=True), "fp32"),
     }
     c = T.KERNEL_CONFIGS["dense"]
-    BD = max(16, triton.next_power_of_2(D))
-    dense = dict(D=D, BD=BD, BT=32 if BD > 128 else c["BT"], BS=c["BS"] if BD <= 128 else 32, BM=16, ONEHOT=True,
-                 DEN_COL=D < BD, FEATURE=1, NORMALIZE=True, DOT_F32=False, IEEE=False, ROPE=False)
+    BD, BD2 = T.dense_tiles(D, True, c.get("split_d", False))
+    width = BD + BD2
+    dense = dict(D=D, BD=BD, BD2=BD2, BT=32 if width > 128 else c["BT"], BS=c["BS"] if width <= 128 else 32, BM=16,
+                 ONEHOT=True, DEN_COL=D < width, FEATURE=1, NORMALIZE=True, DOT_F32=False, IEEE=False, ROPE=False)
     plans["dense"] = (dense_forward_kernel, (dense, c["warps"], c["stages"]), "bf16")
     out = {}
     for name, (fn, (consts, warps, stages), szm) in plans.items():

@@ -4,6 +4,7 @@ KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
     python benchmarks/sweep_mhla.py [--quick]
     python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernel's settings
     python benchmarks/sweep_mhla.py --kernels query_grad,key_grad   # only these, at Wan 480p
+    python benchmarks/sweep_mhla.py --dense    # only the dense kernel (tiles, head-dim split), DiT shapes
 """
 
 import argparse
@@ -58,7 +59,7 @@ def sweep_mix(shapes):
     for s in shapes:
         x = chunked_inputs(s, 1)
         rows = []
-        for bx, bk, warps, stages in itertools.product((128, 256, 512), (32, 64), (4, 8), (2, 3)):
+        for bx, bk, warps, stages in itertools.product((32, 64, 128, 256), (32, 64), (4, 8), (2, 3)):
             T.KERNEL_CONFIGS["mix"] = dict(BX=bx, BK=bk, warps=warps, stages=stages)
             rows.append((timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)), bx, bk, warps, stages))
         T.KERNEL_CONFIGS["mix"] = dict(default)
@@ -69,18 +70,44 @@ def sweep_mix(shapes):
         del x
 
 
+def sweep_dense(shapes, defaults):
+    """The dense kernel's launch settings and head-dim tiling at the DiT shapes."""
+    for s in shapes:
+        B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        mix = locality_mix(s.blocks).cuda()
+        rows = []
+        # split: the head dim as two power-of-two tiles (72 = 64 + 16) instead of one padded tile
+        for bt, bs, warps, stages, split in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3), (False, True)):
+            T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=True, split_d=split)
+            rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
+                         bt, bs, warps, stages, split))
+        T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"], onehot=False)
+        gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
+        T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"])
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        print(f"{s.name} dense (ms, BT, BS, warps, stages, split): best {ok[:3]}; worst {ok[-1]}", flush=True)
+        print("  split=True best:", [r for r in ok if r[-1]][:2], "; split=False best:",
+              [r for r in ok if not r[-1]][:2], flush=True)
+        print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--mix", action="store_true", help="sweep only the block-mixing kernel")
     ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at Wan 480p")
+    ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
+    defaults = {k: dict(v) for k, v in T.KERNEL_CONFIGS.items()}
+    if args.dense:
+        sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], defaults)
+        return
     if args.mix:
         sweep_mix([s for s in GPU_SHAPES if 1024 <= s.tokens <= 32768])
         return
     wan, dit256, dit512 = shapes["Wan2.1-1.3B 81f 480x832"], shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]
-    defaults = {k: dict(v) for k, v in T.KERNEL_CONFIGS.items()}
     grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
     if args.quick:
         grid = grid[::3]
@@ -105,19 +132,7 @@ def main():
             del x
     if only:
         return
-    for s in (dit256, dit512):
-        B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
-        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        mix = locality_mix(s.blocks).cuda()
-        rows = []
-        for bt, bs, warps, stages, onehot in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3), (True, False)):
-            T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=onehot)
-            rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
-                         bt, bs, warps, stages, onehot))
-        T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"])
-        ok = sorted(r for r in rows if not isinstance(r[0], str))
-        print(f"{s.name} dense: best {ok[:3]}; worst {ok[-1]}", flush=True)
-        print("  onehot=False best:", [r for r in ok if not r[-1]][:2], flush=True)
+    sweep_dense((dit256, dit512), defaults)
     # mixing kernels and splits, with the defaults
     x = chunked_inputs(wan, 1)
     print("wan mix fwd", timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)))

@@ -10,12 +10,41 @@ With ROPE the numerator's scores use rotated features, R_t(phi(q_t)).R_s(phi(k_s
 denominator's do not (a second score dot).
 DEN_COL (head dims below the padded width, no RoPE): the denominator sum_s p_ts rides in the p @ v
 product as the padding column D of v set to ones, instead of a row reduction per key tile.
+BD2 > 0 splits the head dim into two power-of-two pieces, BD + BD2 columns (DiT's 72 as 64 + 16 instead
+of one 128-wide tile): scores add the two pieces' products, and v and the output are two tiles.
 """
 
 import triton
 import triton.language as tl
 
+from ..triton_dot import dot as _dot
 from .triton_common import feature, rope_tables, rotate
+
+
+@triton.jit
+def _scores(a, b, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b^T of two feature tiles: fp32 operands (exact or tf32), or b cast to a's half dtype."""
+    if DOT_F32:
+        return _dot(a, tl.trans(b), IEEE)
+    else:
+        return tl.dot(a, tl.trans(b.to(a.dtype)))
+
+
+@triton.jit
+def _weighted_values(p, v, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """p @ v with p fp32: in fp32 (exact or tf32), or both in v's half dtype."""
+    if DOT_F32:
+        return _dot(p, v.to(tl.float32), IEEE)
+    else:
+        return tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
+def _feature_tile(base, rows, rmask, stride_n, cols, stride_d, D: tl.constexpr, FEATURE: tl.constexpr):
+    """(loaded tile, phi of it in fp32 with masked entries 0) of token rows x head-dim columns."""
+    m = rmask[:, None] & (cols < D)[None, :]
+    t = tl.load(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_d, mask=m, other=0.0)
+    return t, tl.where(m, feature(t.to(tl.float32), FEATURE), 0.0)
 
 
 @triton.jit
@@ -23,8 +52,8 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          sct, scj, sst, ssj,
                          N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
-                         BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr,
-                         ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
+                         BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                         BM: tl.constexpr, ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
                          NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
                          IEEE: tl.constexpr, ROPE: tl.constexpr):
     bh = tl.program_id(0)
@@ -35,9 +64,8 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
     d = tl.arange(0, BD)
     dmask = d < D
     qmask = rmask[:, None] & dmask[None, :]
-    qt = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + rows[:, None].to(tl.int64) * sqn + d[None, :] * sqd,
-                 mask=qmask, other=0.0)
-    qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
+    qbase = Q + b.to(tl.int64) * sqb + h * sqh
+    qt, qf = _feature_tile(qbase, rows, rmask, sqn, d, sqd, D, FEATURE)
     qn = qf
     if ROPE:
         cq, sq = rope_tables(COS, SIN, rows.to(tl.int64), rmask, sct, scj, sst, ssj, 0, BD // 2, D)
@@ -45,6 +73,17 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
     if not DOT_F32:
         qf = qf.to(qt.dtype)
         qn = qn.to(qt.dtype)
+    if BD2 > 0:  # the second piece of the head dim, columns BD .. BD + BD2 - 1
+        d2 = BD + tl.arange(0, BD2)
+        qt2, qf2 = _feature_tile(qbase, rows, rmask, sqn, d2, sqd, D, FEATURE)
+        qn2 = qf2
+        if ROPE:
+            cq2, sq2 = rope_tables(COS, SIN, rows.to(tl.int64), rmask, sct, scj, sst, ssj, BD // 2, BD2 // 2, D)
+            qn2 = rotate(qf2, cq2, sq2, BT, BD2, False)
+        if not DOT_F32:
+            qf2 = qf2.to(qt.dtype)
+            qn2 = qn2.to(qt.dtype)
+        acc2 = tl.zeros((BT, BD2), dtype=tl.float32)
     bq = tl.load(BLK + rows, mask=rmask, other=0)
     mix_row = MIX + h * mix_head_stride + bq * M
     if ONEHOT:
@@ -59,16 +98,15 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
     for s0 in range(0, N, BS):
         cols = s0 + tl.arange(0, BS)
         cmask = cols < N
-        kmask = cmask[:, None] & dmask[None, :]
-        kt = tl.load(kbase + cols[:, None].to(tl.int64) * skn + d[None, :] * skd, mask=kmask, other=0.0)
-        kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
+        kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
         kn = kf
         if ROPE:
             ck, sk = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, 0, BD // 2, D)
             kn = rotate(kf, ck, sk, BS, BD, False)
-        vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd, mask=kmask, other=0.0)
+        vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd,
+                     mask=cmask[:, None] & dmask[None, :], other=0.0)
         if DEN_COL:  # column D is padding (zeros): ones there make acc[:, D] = sum_s p_ts
-            vt = vt + (d == D).to(vt.dtype)[None, :]
+            vt = vt + tl.where(d == D, 1.0, 0.0).to(vt.dtype)[None, :]  # (not bool.to(bf16): wrong in the interpreter)
         bk = tl.load(BLK + cols, mask=cmask, other=0)
         if ONEHOT:
             onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
@@ -78,29 +116,42 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                 w = tl.dot(mix_rows, tl.trans(onehot))
         else:
             w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
-        if DOT_F32:
-            if IEEE:
-                p = tl.dot(qn, tl.trans(kn), input_precision="ieee") * w
-                acc += tl.dot(p, vt.to(tl.float32), input_precision="ieee")
-                if ROPE:
-                    p = tl.dot(qf, tl.trans(kf), input_precision="ieee") * w
-            else:
-                p = tl.dot(qn, tl.trans(kn)) * w
-                acc += tl.dot(p, vt.to(tl.float32))
-                if ROPE:
-                    p = tl.dot(qf, tl.trans(kf)) * w
-        else:
-            p = tl.dot(qn, tl.trans(kn.to(vt.dtype))) * w
-            acc += tl.dot(p.to(vt.dtype), vt)
+        scores = _scores(qn, kn, DOT_F32, IEEE)
+        if BD2 > 0:
+            kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
+            kn2 = kf2
             if ROPE:
-                p = tl.dot(qf, tl.trans(kf.to(vt.dtype))) * w
+                ck2, sk2 = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, BD // 2, BD2 // 2, D)
+                kn2 = rotate(kf2, ck2, sk2, BS, BD2, False)
+            scores += _scores(qn2, kn2, DOT_F32, IEEE)
+            vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
+                          mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
+            if DEN_COL:
+                vt2 = vt2 + tl.where(d2 == D, 1.0, 0.0).to(vt2.dtype)[None, :]
+        p = scores * w
+        acc += _weighted_values(p, vt, DOT_F32, IEEE)
+        if BD2 > 0:
+            acc2 += _weighted_values(p, vt2, DOT_F32, IEEE)
+        if ROPE:  # the denominator's scores are the un-rotated ones
+            plain = _scores(qf, kf, DOT_F32, IEEE)
+            if BD2 > 0:
+                plain += _scores(qf2, kf2, DOT_F32, IEEE)
+            p = plain * w
         if not DEN_COL:
-            den += tl.sum(p, axis=1)  # the un-rotated scores with ROPE
+            den += tl.sum(p, axis=1)
     if DEN_COL:
         den = tl.sum(tl.where((d == D)[None, :], acc, 0.0), axis=1)
+        if BD2 > 0:
+            den += tl.sum(tl.where((d2 == D)[None, :], acc2, 0.0), axis=1)
+    obase = O + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son
     if NORMALIZE:
         out = acc / (den + eps)[:, None]
     else:
         out = acc * scale
-    tl.store(O + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son + d[None, :] * sod,
-             out.to(O.dtype.element_ty), mask=qmask)
+    tl.store(obase + d[None, :] * sod, out.to(O.dtype.element_ty), mask=qmask)
+    if BD2 > 0:
+        if NORMALIZE:
+            out2 = acc2 / (den + eps)[:, None]
+        else:
+            out2 = acc2 * scale
+        tl.store(obase + d2[None, :] * sod, out2.to(O.dtype.element_ty), mask=rmask[:, None] & (d2 < D)[None, :])

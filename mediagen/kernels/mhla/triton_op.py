@@ -57,7 +57,9 @@ KERNEL_CONFIGS = {
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
     "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=True),
     "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=True),
-    "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
+    # BT: 64 for fp32 inputs. split_d: head dims just above a power of two as two pieces (72 = 64 + 16
+    # instead of one 128-wide tile; ``dense_tiles``); off until measured on the GPU.
+    "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True, split_d=False),
     "mix": dict(BX=64, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
 }
 
@@ -187,14 +189,29 @@ def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, c
     return o
 
 
+def dense_tiles(D: int, den_col: bool, split: bool) -> tuple[int, int]:
+    """Head-dim tile widths (BD, BD2) of the dense kernel: one power-of-two tile (BD2 = 0), or with
+    ``split`` two pieces when they are narrower (72 -> 64 + 16; ``den_col`` keeps a padding column)."""
+    BD = max(16, triton.next_power_of_2(D))
+    if split and D > 16:
+        lo = 1 << (D.bit_length() - 1)  # largest power of two <= D
+        rest = D - lo + (1 if den_col else 0)
+        BD2 = max(16, triton.next_power_of_2(rest)) if rest > 0 else 0
+        if 0 < BD2 and lo + BD2 < BD:
+            return lo, BD2
+    return BD, 0
+
+
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
     M = math.prod(blocks)
     c = KERNEL_CONFIGS["dense"]
-    BD = max(16, triton.next_power_of_2(D))
-    BT = 32 if BD > 128 else (c["BT"] if q.dtype != torch.float32 else min(c["BT"], 64))
+    den_col = normalize and cos is None  # the denominator as a padding column of v, where there is one
+    BD, BD2 = dense_tiles(D, den_col, c.get("split_d", False))
+    width = BD + BD2
+    BT = 32 if width > 128 else (c["BT"] if q.dtype != torch.float32 else min(c["BT"], 64))
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
-    BS = c["BS"] if BD < 128 or (BD == 128 and not (cos is not None and q.dtype == torch.float32)) else 32
+    BS = c["BS"] if width < 128 or (width == 128 and not (cos is not None and q.dtype == torch.float32)) else 32
     BM = max(16, triton.next_power_of_2(M))
     ieee = q.dtype == torch.float32
     o = _new((B, N, H, D), q, q.dtype)
@@ -204,7 +221,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
         q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *tstrides,
         N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
-        BD=BD, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, DEN_COL=normalize and D < BD and cos is None,
+        BD=BD, BD2=BD2, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, DEN_COL=den_col and D < width,
         FEATURE=fcode, NORMALIZE=normalize,
         DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=c["warps"], num_stages=c["stages"])
     return o
