@@ -262,6 +262,9 @@ ROPE_CASES = [  # grid, blocks, D, algorithm, splits, normalize, per-head mix, f
     ((3, 5, 7), (2, 2, 3), 16, "chunked", 1, True, True, "relu"),
     ((7, 9), (3, 2), 24, "dense", 1, True, False, "elu1"),
     ((45,), (4,), 40, "chunked", 3, False, False, "elu1"),
+    pytest.param((3, 4), (1, 2), 256, "dense", 1, True, False, "relu",  # the widest tiles
+                 marks=pytest.mark.skipif(not ON_GPU, reason="shared-memory limits exist on a GPU only (and D = 256 "
+                                                              "takes ~2 min in the interpreter)")),
 ]
 
 

@@ -211,7 +211,9 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     width = BD + BD2
     BT = 32 if width > 128 else (c["BT"] if q.dtype != torch.float32 else min(c["BT"], 64))
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
-    BS = c["BS"] if width < 128 or (width == 128 and not (cos is not None and q.dtype == torch.float32)) else 32
+    # and 32-key steps at D=256 (234 KiB by benchmarks/kernel_resources.py's compile; 16 keys: 150 KiB)
+    fp32_rope = cos is not None and q.dtype == torch.float32
+    BS = c["BS"] if width < 128 or (width == 128 and not fp32_rope) else (16 if width > 128 and fp32_rope else 32)
     BM = max(16, triton.next_power_of_2(M))
     ieee = q.dtype == torch.float32
     o = _new((B, N, H, D), q, q.dtype)
