@@ -2,6 +2,7 @@
 compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas reports them.
 
     python benchmarks/kernel_resources.py [--head-dim 128] [--kernels summary,query_grad]
+    python benchmarks/kernel_resources.py --head-dim 256 --dense-variants   # every dense-kernel tiling
 
 Occupancy bounds what a memory-bound kernel can keep in flight: an H100/H200 multiprocessor has
 65,536 registers and 227 KiB of shared memory, so a program of W warps using R registers per thread
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -88,17 +90,37 @@ def reports(D: int, only=()):
         "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, NORMALIZE=True, LOWP=True), "fp32"),
         "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, LOWP=True), "fp32"),
     }
-    c = T.KERNEL_CONFIGS["dense"]
-    BD, BD2 = T.dense_tiles(D, True, c.get("split_d", False))
-    width = BD + BD2
-    dense = dict(D=D, BD=BD, BD2=BD2, BT=32 if width > 128 else c["BT"], BS=c["BS"] if width <= 128 else 32, BM=16,
-                 ONEHOT=True, DEN_COL=D < width, FEATURE=1, NORMALIZE=True, DOT_F32=False, IEEE=False, ROPE=False)
-    plans["dense"] = (dense_forward_kernel, (dense, c["warps"], c["stages"]), "bf16")
+    plans["dense"] = (dense_forward_kernel, dense_constexprs(D, torch.bfloat16, rope=False, normalize=True), "bf16")
     out = {}
     for name, (fn, (consts, warps, stages), szm) in plans.items():
         if only and name not in only:
             continue
         out[name] = compile_report(fn, consts, warps, stages, szm)
+    return out
+
+
+def dense_constexprs(D, dtype, rope, normalize):
+    """(constexprs, warps, stages) of the dense kernel as ``launch_dense`` would launch it."""
+    c = T.KERNEL_CONFIGS["dense"]
+    f32 = dtype == torch.float32
+    consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope,
+                  **T.dense_settings(D, dtype, rope, normalize))
+    return consts, c["warps"], c["stages"]
+
+
+def dense_variants(D):
+    """{(dtype, rope, normalize): report} of the dense kernel over the inputs that change its tiles."""
+    out = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        element = "fp32" if dtype == torch.float32 else "bf16"
+        for name in ("Q", "K", "V", "O"):
+            POINTERS[name] = element
+        for rope in (False, True):
+            for normalize in (True, False):
+                out[(element, rope, normalize)] = compile_report(dense_forward_kernel,
+                                                                 *dense_constexprs(D, dtype, rope, normalize))
+    for name in ("Q", "K", "V", "O"):
+        POINTERS[name] = "bf16"
     return out
 
 
@@ -109,7 +131,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--kernels", default="", help="comma list of summary, apply, query_grad, key_grad, dense")
+    ap.add_argument("--dense-variants", action="store_true",
+                    help="the dense kernel only, for bf16 and fp32 inputs, with and without RoPE and normalisation")
     args = ap.parse_args()
+    if args.dense_variants:
+        print(f"triton {triton.__version__}, sm_90a, dense kernel, head dim {args.head_dim}\n")
+        print("| inputs | rope | normalize | registers | spilled bytes | shared KiB | CTAs per SM |")
+        print("|---|---|---|---|---|---|---|")
+        for (element, rope, normalize), r in dense_variants(args.head_dim).items():
+            print(f"| {element} | {rope} | {normalize} | {r['registers']} | {r['spill_bytes']} | "
+                  f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
+        return
     only = [k for k in args.kernels.split(",") if k]
     print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, bf16 inputs\n")
     print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM |")

@@ -32,3 +32,16 @@ def test_reports_registers_shared_memory_and_occupancy():
 def test_refuses_the_interpreter():
     proc = run("--kernels", "apply", interpret=True)
     assert proc.returncode != 0 and "unset TRITON_INTERPRET" in proc.stderr
+
+
+def test_dense_kernel_tilings_fit_shared_memory():
+    """Every tiling the dense kernel's launcher picks at the widest head dim (256: bf16 and fp32, with and
+    without RoPE and normalisation) fits a Hopper multiprocessor's shared memory; fp32 with RoPE once
+    asked for 234 KiB there."""
+    proc = run("--head-dim", "256", "--dense-variants")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = re.findall(r"^\| (bf16|fp32) \| (True|False) \| (True|False) \| (\d+) \| (\d+) \| ([\d.]+) \| (\d+) \|$",
+                      proc.stdout, re.M)
+    assert len(rows) == 8
+    for element, rope, normalize, regs, spill, smem_kib, ctas in rows:
+        assert float(smem_kib) <= 227 and int(ctas) >= 1, (element, rope, normalize, smem_kib)

@@ -195,35 +195,44 @@ def dense_tiles(D: int, den_col: bool, split: bool) -> tuple[int, int]:
     BD = max(16, triton.next_power_of_2(D))
     if split and D > 16:
         lo = 1 << (D.bit_length() - 1)  # largest power of two <= D
-        rest = D - lo + (1 if den_col else 0)
-        BD2 = max(16, triton.next_power_of_2(rest)) if rest > 0 else 0
-        if 0 < BD2 and lo + BD2 < BD:
+        BD2 = max(16, triton.next_power_of_2(D - lo + (1 if den_col else 0)))
+        if lo + BD2 < BD:
             return lo, BD2
     return BD, 0
+
+
+def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
+    """The dense kernel's tile constants for these inputs: head-dim tiles BD (+ BD2), queries BT and
+    keys BS per step, and DEN_COL (the denominator as a padding column of v, where there is one)."""
+    c = KERNEL_CONFIGS["dense"]
+    den_col = normalize and not rope
+    BD, BD2 = dense_tiles(D, den_col, c.get("split_d", False))
+    width = BD + BD2
+    fp32 = dtype == torch.float32
+    BT = 32 if width > 128 else (min(c["BT"], 64) if fp32 else c["BT"])
+    # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
+    # and 32-key steps at D=256 (234 KiB; 16 keys: 150 KiB, `benchmarks/kernel_resources.py --dense-variants`)
+    if width < 128 or (width == 128 and not (rope and fp32)):
+        BS = c["BS"]
+    else:
+        BS = 16 if width > 128 and rope and fp32 else 32
+    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < width)
 
 
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
     M = math.prod(blocks)
     c = KERNEL_CONFIGS["dense"]
-    den_col = normalize and cos is None  # the denominator as a padding column of v, where there is one
-    BD, BD2 = dense_tiles(D, den_col, c.get("split_d", False))
-    width = BD + BD2
-    BT = 32 if width > 128 else (c["BT"] if q.dtype != torch.float32 else min(c["BT"], 64))
-    # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
-    # and 32-key steps at D=256 (234 KiB by benchmarks/kernel_resources.py's compile; 16 keys: 150 KiB)
-    fp32_rope = cos is not None and q.dtype == torch.float32
-    BS = c["BS"] if width < 128 or (width == 128 and not fp32_rope) else (16 if width > 128 and fp32_rope else 32)
+    tiles = dense_settings(D, q.dtype, cos is not None, normalize)
     BM = max(16, triton.next_power_of_2(M))
     ieee = q.dtype == torch.float32
     o = _new((B, N, H, D), q, q.dtype)
     mixf = mix.float().contiguous()
     tables, tstrides, rope = _rope_args(cos, sin, q)
-    dense_forward_kernel[(B * H, triton.cdiv(N, BT))](
+    dense_forward_kernel[(B * H, triton.cdiv(N, tiles["BT"]))](
         q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *tstrides,
-        N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale,
-        BD=BD, BD2=BD2, BT=BT, BS=BS, BM=BM, ONEHOT=c["onehot"] and M <= 128, DEN_COL=den_col and D < width,
+        N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale, **tiles, BM=BM, ONEHOT=c["onehot"] and M <= 128,
         FEATURE=fcode, NORMALIZE=normalize,
         DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=c["warps"], num_stages=c["stages"])
     return o
