@@ -30,17 +30,20 @@ from mediagen.kernels.mhla.triton_dense import dense_forward_kernel  # noqa: E40
 
 REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # pointer arguments and their element types for bf16 inputs (the summaries the forward writes are
-# bf16, the backward's mixed summaries and their gradients fp32)
+# bf16, the backward's mixed summaries and their gradients fp32: query_grad passes SZM=fp32)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
-            "SZ": "bf16", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
+            "SZ": "bf16", "SZM": "bf16", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
             "order": "i32", "offsets": "i32"}
 FLOATS = {"eps", "scale"}
+KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense")
 UNIT_STRIDES = {"sqd", "skd", "svd", "sod", "sgd", "sdd", "sdkd", "sdvd"}  # the head dim is contiguous
 
 
-def compile_report(fn, constexprs: dict, warps: int, stages: int, szm_dtype: str = "bf16") -> dict:
+def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict | None = None) -> dict:
     """Compile ``fn`` for sm_90a as a launch on contiguous bf16 tensors would (16-divisible pointers and
-    strides, unit last-dim strides) and return its registers, spilled bytes and shared memory."""
+    strides, unit last-dim strides) and return its registers, spilled bytes and shared memory.
+    ``pointers`` overrides element types of POINTERS (fp32 inputs, say)."""
+    types = {**POINTERS, **(pointers or {})}
     consts = dict(constexprs)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -49,8 +52,8 @@ def compile_report(fn, constexprs: dict, warps: int, stages: int, szm_dtype: str
         elif name in UNIT_STRIDES:
             consts[name] = 1
             sig[name] = "constexpr"
-        elif name in POINTERS or name == "SZM":
-            sig[name] = "*" + (szm_dtype if name == "SZM" else POINTERS[name])
+        elif name in types:
+            sig[name] = "*" + types[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             sig[name] = "fp32"
@@ -85,17 +88,18 @@ def chunked_constexprs(name, D, **extra):
 def reports(D: int, only=()):
     """{kernel name: report} at head dim D, bf16 inputs, ReLU features, normalised, no RoPE."""
     plans = {
-        "summary": (summary_kernel, chunked_constexprs("summary", D, DOT_F32=False), "bf16"),
-        "apply": (apply_kernel, chunked_constexprs("apply", D, NORMALIZE=True, LOWP=True), "bf16"),
-        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, NORMALIZE=True, LOWP=True), "fp32"),
-        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, LOWP=True), "fp32"),
+        "summary": (summary_kernel, chunked_constexprs("summary", D, DOT_F32=False), None),
+        "apply": (apply_kernel, chunked_constexprs("apply", D, NORMALIZE=True, LOWP=True), None),
+        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, NORMALIZE=True, LOWP=True),
+                       {"SZM": "fp32"}),
+        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, LOWP=True), None),
+        "dense": (dense_forward_kernel, dense_constexprs(D, torch.bfloat16, rope=False, normalize=True), None),
     }
-    plans["dense"] = (dense_forward_kernel, dense_constexprs(D, torch.bfloat16, rope=False, normalize=True), "bf16")
     out = {}
-    for name, (fn, (consts, warps, stages), szm) in plans.items():
+    for name, (fn, (consts, warps, stages), pointers) in plans.items():
         if only and name not in only:
             continue
-        out[name] = compile_report(fn, consts, warps, stages, szm)
+        out[name] = compile_report(fn, consts, warps, stages, pointers)
     return out
 
 
@@ -113,14 +117,11 @@ def dense_variants(D):
     out = {}
     for dtype in (torch.bfloat16, torch.float32):
         element = "fp32" if dtype == torch.float32 else "bf16"
-        for name in ("Q", "K", "V", "O"):
-            POINTERS[name] = element
+        io = {name: element for name in ("Q", "K", "V", "O")}
         for rope in (False, True):
             for normalize in (True, False):
-                out[(element, rope, normalize)] = compile_report(dense_forward_kernel,
-                                                                 *dense_constexprs(D, dtype, rope, normalize))
-    for name in ("Q", "K", "V", "O"):
-        POINTERS[name] = "bf16"
+                consts, warps, stages = dense_constexprs(D, dtype, rope, normalize)
+                out[(element, rope, normalize)] = compile_report(dense_forward_kernel, consts, warps, stages, io)
     return out
 
 
@@ -130,10 +131,16 @@ def main():
                  "cannot be compiled)")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--kernels", default="", help="comma list of summary, apply, query_grad, key_grad, dense")
+    ap.add_argument("--kernels", default="", help=f"comma list of {', '.join(KERNELS)}")
     ap.add_argument("--dense-variants", action="store_true",
                     help="the dense kernel only, for bf16 and fp32 inputs, with and without RoPE and normalisation")
     args = ap.parse_args()
+    if not 16 <= args.head_dim <= 256:
+        ap.error(f"--head-dim={args.head_dim} is not allowed: the MHLA kernels take head dims from 16 to 256")
+    only = [k for k in args.kernels.split(",") if k]
+    unknown = sorted(set(only) - set(KERNELS))
+    if unknown:
+        ap.error(f"--kernels names unknown kernels {unknown}: choose from {', '.join(KERNELS)}")
     if args.dense_variants:
         print(f"triton {triton.__version__}, sm_90a, dense kernel, head dim {args.head_dim}\n")
         print("| inputs | rope | normalize | registers | spilled bytes | shared KiB | CTAs per SM |")
@@ -142,7 +149,6 @@ def main():
             print(f"| {element} | {rope} | {normalize} | {r['registers']} | {r['spill_bytes']} | "
                   f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
         return
-    only = [k for k in args.kernels.split(",") if k]
     print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, bf16 inputs\n")
     print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM |")
     print("|---|---|---|---|---|---|---|")

@@ -112,6 +112,10 @@ def main():
     if args.quick:
         grid = grid[::3]
     only = [k for k in args.kernels.split(",") if k]
+    chunked = ("summary", "apply", "query_grad", "key_grad")  # the keys of kernel_calls
+    unknown = sorted(set(only) - set(chunked))
+    if unknown:
+        ap.error(f"--kernels names unknown kernels {unknown}: choose from {', '.join(chunked)}")
     best = {}
     for s in (wan,) if only else (wan, dit512):
         for J in (1,) if only else (1, 4):

@@ -45,3 +45,10 @@ def test_dense_kernel_tilings_fit_shared_memory():
     assert len(rows) == 8
     for element, rope, normalize, regs, spill, smem_kib, ctas in rows:
         assert float(smem_kib) <= 227 and int(ctas) >= 1, (element, rope, normalize, smem_kib)
+
+
+def test_rejects_unknown_kernels_and_head_dims():
+    proc = run("--kernels", "apply,softmax")
+    assert proc.returncode == 2 and "unknown kernels ['softmax']" in proc.stderr
+    proc = run("--head-dim", "512")
+    assert proc.returncode == 2 and "--head-dim=512 is not allowed" in proc.stderr
