@@ -3,6 +3,7 @@ compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas r
 
     python benchmarks/kernel_resources.py [--head-dim 128] [--kernels summary,query_grad]
     python benchmarks/kernel_resources.py --head-dim 256 --dense-variants   # every dense-kernel tiling
+    python benchmarks/kernel_resources.py --head-dim 256 --fp32-rope        # the largest chunked tiles
 
 Occupancy bounds what a memory-bound kernel can keep in flight: an H100/H200 multiprocessor has
 65,536 registers and 227 KiB of shared memory, so a program of W warps using R registers per thread
@@ -29,10 +30,10 @@ from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel,
 from mediagen.kernels.mhla.triton_dense import dense_forward_kernel  # noqa: E402
 
 REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
-# pointer arguments and their element types for bf16 inputs (the summaries the forward writes are
-# bf16, the backward's mixed summaries and their gradients fp32: query_grad passes SZM=fp32)
+# pointer arguments and their element types for bf16 inputs (every summary, mixed or not, and their
+# gradients are bf16 then: triton_op.summary_dtype)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
-            "SZ": "bf16", "SZM": "bf16", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
+            "SZ": "bf16", "SZM": "bf16", "DSZ": "bf16", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
             "order": "i32", "offsets": "i32"}
 FLOATS = {"eps", "scale"}
 KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense")
@@ -79,21 +80,25 @@ def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict
                 warps=warps, stages=stages, ctas_per_sm=min(by_regs, by_smem))
 
 
-def chunked_constexprs(name, D, **extra):
-    BD, TILE, BT, warps, stages = T._config(name, D)
-    c = dict(D=D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=False, ROPE=False, **extra)
+def chunked_constexprs(name, D, fp32_rope=False, **extra):
+    BD, TILE, BT, warps, stages = T._config(name, D, fp32_rope)
+    c = dict(D=D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32_rope, ROPE=fp32_rope, **extra)
     return c, warps, stages
 
 
-def reports(D: int, only=()):
-    """{kernel name: report} at head dim D, bf16 inputs, ReLU features, normalised, no RoPE."""
+def reports(D: int, only=(), fp32_rope=False):
+    """{kernel name: report} at head dim D, ReLU features, normalised: bf16 inputs without RoPE, or
+    (``fp32_rope``) fp32 inputs with RoPE, whose rotated copies make the chunked kernels' largest tiles."""
+    lowp = not fp32_rope
+    io = {name: "fp32" for name, t in POINTERS.items() if t == "bf16"} if fp32_rope else None
+    dtype = torch.float32 if fp32_rope else torch.bfloat16
     plans = {
-        "summary": (summary_kernel, chunked_constexprs("summary", D, DOT_F32=False), None),
-        "apply": (apply_kernel, chunked_constexprs("apply", D, NORMALIZE=True, LOWP=True), None),
-        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, NORMALIZE=True, LOWP=True),
-                       {"SZM": "fp32"}),
-        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, LOWP=True), None),
-        "dense": (dense_forward_kernel, dense_constexprs(D, torch.bfloat16, rope=False, normalize=True), None),
+        "summary": (summary_kernel, chunked_constexprs("summary", D, fp32_rope, DOT_F32=fp32_rope), io),
+        "apply": (apply_kernel, chunked_constexprs("apply", D, fp32_rope, NORMALIZE=True, LOWP=lowp), io),
+        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, fp32_rope, NORMALIZE=True, LOWP=lowp),
+                       io),
+        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, fp32_rope, LOWP=lowp), io),
+        "dense": (dense_forward_kernel, dense_constexprs(D, dtype, rope=fp32_rope, normalize=True), io),
     }
     out = {}
     for name, (fn, (consts, warps, stages), pointers) in plans.items():
@@ -132,6 +137,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--kernels", default="", help=f"comma list of {', '.join(KERNELS)}")
+    ap.add_argument("--fp32-rope", action="store_true",
+                    help="fp32 inputs with RoPE (the largest tiles) instead of bf16 inputs without")
     ap.add_argument("--dense-variants", action="store_true",
                     help="the dense kernel only, for bf16 and fp32 inputs, with and without RoPE and normalisation")
     args = ap.parse_args()
@@ -149,10 +156,11 @@ def main():
             print(f"| {element} | {rope} | {normalize} | {r['registers']} | {r['spill_bytes']} | "
                   f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
         return
-    print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, bf16 inputs\n")
+    inputs = "fp32 inputs with RoPE" if args.fp32_rope else "bf16 inputs"
+    print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, {inputs}\n")
     print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM |")
     print("|---|---|---|---|---|---|---|")
-    for name, r in reports(args.head_dim, only).items():
+    for name, r in reports(args.head_dim, only, args.fp32_rope).items():
         print(f"| {name} | {r['warps']} | {r['stages']} | {r['registers']} | {r['spill_bytes']} | "
               f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
 

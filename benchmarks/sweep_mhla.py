@@ -4,7 +4,7 @@ KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
     python benchmarks/sweep_mhla.py [--quick]
     python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernel's settings
     python benchmarks/sweep_mhla.py --kernels query_grad,key_grad   # only these, at Wan 480p
-    python benchmarks/sweep_mhla.py --dense    # only the dense kernel (tiles, head-dim split), DiT shapes
+    python benchmarks/sweep_mhla.py --dense    # only the dense kernel's tiles, DiT shapes
 """
 
 import argparse
@@ -36,7 +36,7 @@ def chunked_inputs(s, J):
     M = math.prod(s.blocks)
     order, offsets, _ = layout.block_token_lists(s.grid, s.blocks, q.device)
     sz = T.launch_summary(k, v, order, offsets, M, J, 1)
-    mixed = T.launch_mix(mix, sz, J, False)
+    mixed = T.launch_mix(mix, sz, J, False, out_dtype=sz.dtype)  # as forward_impl keeps it
     o = T.launch_apply(q, mixed, order, offsets, M, J, True, 1e-6, 1.0, 1)
     return dict(q=q, k=k, v=v, g=g, mix=mix, M=M, J=J, order=order, offsets=offsets, sz=sz, mixed=mixed, o=o)
 
@@ -67,28 +67,24 @@ def sweep_mix(shapes):
         now = timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False))
         print(f"{s.name} mix (M={x['M']}, X={x['sz'].shape[-1]}): best {ok[:4]}; default {default} -> {now}; "
               f"worst {ok[-1]}", flush=True)
-        del x
 
 
 def sweep_dense(shapes, defaults):
-    """The dense kernel's launch settings and head-dim tiling at the DiT shapes."""
+    """The dense kernel's launch settings at the DiT shapes."""
     for s in shapes:
         B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         mix = locality_mix(s.blocks).cuda()
         rows = []
-        # split: the head dim as two power-of-two tiles (72 = 64 + 16) instead of one padded tile
-        for bt, bs, warps, stages, split in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3), (False, True)):
-            T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=True, split_d=split)
+        for bt, bs, warps, stages in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3)):
+            T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=True)
             rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
-                         bt, bs, warps, stages, split))
+                         bt, bs, warps, stages))
         T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"], onehot=False)
         gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
         T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"])
         ok = sorted(r for r in rows if not isinstance(r[0], str))
-        print(f"{s.name} dense (ms, BT, BS, warps, stages, split): best {ok[:3]}; worst {ok[-1]}", flush=True)
-        print("  split=True best:", [r for r in ok if r[-1]][:2], "; split=False best:",
-              [r for r in ok if not r[-1]][:2], flush=True)
+        print(f"{s.name} dense (ms, BT, BS, warps, stages): best {ok[:3]}; worst {ok[-1]}", flush=True)
         print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
 
 
@@ -108,10 +104,12 @@ def main():
         sweep_mix([s for s in GPU_SHAPES if 1024 <= s.tokens <= 32768])
         return
     wan, dit256, dit512 = shapes["Wan2.1-1.3B 81f 480x832"], shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]
+    only = [k for k in args.kernels.split(",") if k]
     grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
+    if only:  # Wan 480p (D = 128) only: the full-width tile, finer token steps and stages
+        grid = list(itertools.product((128,), (16, 32, 64), (4, 8), (1, 2, 3)))
     if args.quick:
         grid = grid[::3]
-    only = [k for k in args.kernels.split(",") if k]
     chunked = ("summary", "apply", "query_grad", "key_grad")  # the keys of kernel_calls
     unknown = sorted(set(only) - set(chunked))
     if unknown:

@@ -47,6 +47,18 @@ def test_dense_kernel_tilings_fit_shared_memory():
         assert float(smem_kib) <= 227 and int(ctas) >= 1, (element, rope, normalize, smem_kib)
 
 
+def test_chunked_kernels_fit_shared_memory_with_the_largest_tiles():
+    """fp32 inputs with RoPE at D = 256 give the chunked kernels their largest tiles; key_grad's 32-token
+    steps once asked for 256 KiB there (an OutOfResources on the H200)."""
+    proc = run("--head-dim", "256", "--fp32-rope", "--kernels", "summary,apply,query_grad,key_grad")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fp32 inputs with RoPE" in proc.stdout
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| (\d+) \|$", proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["summary", "apply", "query_grad", "key_grad"]
+    for name, warps, stages, regs, spill, smem_kib, ctas in rows:
+        assert float(smem_kib) <= 227 and int(ctas) >= 1, (name, smem_kib)
+
+
 def test_rejects_unknown_kernels_and_head_dims():
     proc = run("--kernels", "apply,softmax")
     assert proc.returncode == 2 and "unknown kernels ['softmax']" in proc.stderr

@@ -201,26 +201,14 @@ def test_alternative_kernel_paths(device, monkeypatch, setting, value):
         assert rel_err(a, b) < TOL[dtype], name
 
 
-def test_dense_tile_widths():
-    """One power-of-two tile, or two pieces only when they are narrower (and leave the denominator's
-    padding column when it is asked for)."""
-    assert triton_op.dense_tiles(72, True, split=False) == (128, 0)
-    assert triton_op.dense_tiles(72, True, split=True) == (64, 16)
-    assert triton_op.dense_tiles(40, False, split=True) == (32, 16)
-    assert triton_op.dense_tiles(64, True, split=True) == (64, 0)   # 64 + 16 would be wider than 64
-    assert triton_op.dense_tiles(100, True, split=True) == (128, 0)  # 64 + 64 saves nothing
-    assert triton_op.dense_tiles(24, True, split=True) == (32, 0)
-
-
-@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("normalize,rope,dtype", [(True, False, torch.float32), (False, False, torch.float32),
                                                   (True, True, torch.float32), (True, False, torch.bfloat16)])
-def test_dense_head_dim_tiles(device, monkeypatch, split, normalize, rope, dtype):
-    """The dense kernel with the head dim in two pieces (40 = 32 + 16) or one padded tile (64, whose
-    padding column carries the denominator when normalising without RoPE) against the reference."""
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "dense", dict(triton_op.KERNEL_CONFIGS["dense"], split_d=split))
+def test_dense_padded_head_dim(device, normalize, rope, dtype):
+    """The dense kernel at a head dim below its padded tile (40 in 64 columns, whose padding column
+    carries the denominator when normalising without RoPE) against the reference."""
     grid, blocks, D = (5, 9), (2, 3), 40
-    assert triton_op.dense_tiles(D, normalize and not rope, split) == ((32, 16) if split else (64, 0))
+    settings = triton_op.dense_settings(D, dtype, rope, normalize)
+    assert settings["BD"] == 64 and settings["DEN_COL"] == (normalize and not rope)
     q, k, v = make(2, grid, 2, D, dtype, device, "elu1")
     mix = torch.rand(2, 6, 6, device=device)
     tables = rope_tables(math.prod(grid), D, device) if rope else None

@@ -112,6 +112,7 @@ class _SequenceParallelMHLA(torch.autograd.Function):
         dq, dmixed = T.launch_query_grad(q, g.contiguous(), o, mixed, order, offsets, m_local, 1, normalize, eps,
                                          scale, fcode)
         mix_rows = mix[..., rows, :].float()
+        dmixed = dmixed.float()  # stored as the summaries are: bf16 for bf16 inputs
         dsz_all = torch.matmul(mix_rows.transpose(-1, -2), dmixed)           # (B, H, M, X), our rows' part
         dsz_local = _reduce_scatter_blocks(dsz_all, group)
         dk, dv = T.launch_key_grad(k, v, dsz_local, order, offsets, m_local, 1, fcode)

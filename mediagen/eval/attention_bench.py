@@ -193,18 +193,26 @@ def _measure(name, fn, q, k, v, shape, floor_bytes, bandwidth, timer, device, ba
         except Exception as err:
             row["fwd_bwd_ms"] = None
             row["note"] = "bwd: " + type(err).__name__
+        if device.type == "cuda" and row.get("fwd_bwd_ms") is not None:  # the kernels alone
+            import triton.testing
+
+            try:
+                row["fwd_bwd_graph_ms"] = triton.testing.do_bench_cudagraph(fwd_bwd, rep=rep_ms, return_mode="median")
+            except Exception as err:
+                row["note"] = (row.get("note", "") + " no CUDA graph of fwd+bwd: " + type(err).__name__).strip()
     return row
 
 
 def markdown_table(rows) -> str:
-    head = ("| shape | B | N | heads×d | method | fwd ms | fwd ms (CUDA graph) | fwd+bwd ms | floor ms | "
-            "fwd GB/s | note |")
-    lines = [head, "|" + "---|" * 11]
+    head = ("| shape | B | N | heads×d | method | fwd ms | fwd ms (CUDA graph) | fwd+bwd ms | "
+            "fwd+bwd ms (CUDA graph) | floor ms | fwd GB/s | note |")
+    lines = [head, "|" + "---|" * 12]
 
     def f(x, nd=3):
         return "—" if x is None else f"{x:.{nd}f}"
 
     for r in rows:
         lines.append(f"| {r['shape']} | {r['B']} | {r['N']} | {r['heads']} | {r['method']} | {f(r.get('fwd_ms'))} | "
-                     f"{f(r.get('fwd_graph_ms'))} | {f(r.get('fwd_bwd_ms'))} | {f(r['floor_ms'])} | {f(r.get('GB/s'), 0)} | {r.get('note', '')} |")
+                     f"{f(r.get('fwd_graph_ms'))} | {f(r.get('fwd_bwd_ms'))} | {f(r.get('fwd_bwd_graph_ms'))} | "
+                     f"{f(r['floor_ms'])} | {f(r.get('GB/s'), 0)} | {r.get('note', '')} |")
     return "\n".join(lines)

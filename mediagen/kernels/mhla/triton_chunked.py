@@ -6,7 +6,8 @@ Forward:  summary_kernel writes, for every (batch, head, block, split), the part
           apply_kernel computes o_t = phi(q_t) S~_i / (phi(q_t).z~_i + eps).
 Backward: with du_t = g_t / den_t and dden_t = -(g_t . o_t) / den_t (normalize=False: du = scale*g),
           query_grad_kernel: dq~_t = S~_i du_t + z~_i dden_t and partial dS~_i = sum q~_t du_t^T,
-          dz~_i = sum q~_t dden_t;  outside: dS_b = Mc^T dS~, dMc = dS~ . S;
+          dz~_i = sum q~_t dden_t, where g_t . o_t = q~_t . (S~_i g_t) / den_t reuses the product of
+          dq~ instead of reading o;  outside: dS_b = Mc^T dS~, dMc = dS~ . S;
           key_grad_kernel: dk~_s = dS_b v_s + dz_b, dv_s = dS_b^T k~_s.
 With ROPE (rotation.py) the features that meet S (k in the summary, q in apply and their
 gradients) are rotated in registers and z, den stay un-rotated; gradients that arrive in rotated
@@ -146,7 +147,9 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
                       LOWP: tl.constexpr):
-    # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation
+    # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation.
+    # P = g S~^T is the numerator's gradient times den; with one column tile (TILE == BD) it also gives
+    # delta_t = g_t.o_t = qn_t.P_t / den_t, so o is read only when the head dim spans several tiles.
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -158,15 +161,18 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
     e = tile * TILE + tl.arange(0, TILE)
     dmask = d < D
     emask = e < D
+    if LOWP:
+        dt = Q.dtype.element_ty
+    else:
+        dt = tl.float32
     summ = SZM + (bh.to(tl.int64) * M + i) * X
-    S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
-    S_rows = S_rows.to(tl.float32)
+    S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0).to(dt)
     z = tl.load(summ + D * D + d, mask=dmask, other=0.0).to(tl.float32)
     z_e = tl.load(summ + D * D + e, mask=emask, other=0.0).to(tl.float32)
-    if LOWP:
-        S_lp = S_rows.to(Q.dtype.element_ty)
     accS = tl.zeros((BD, TILE), dtype=tl.float32)
-    accz = tl.zeros((BD,), dtype=tl.float32)
+    # dz~ summed over the tile's rows once after the loop: a sum over rows in the loop would cross warps
+    # (through shared memory) at every step
+    accz = tl.zeros((BT, BD), dtype=tl.float32)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
     gbase = G + b.to(tl.int64) * sgb + h * sgh
     obase = O + b.to(tl.int64) * sob + h * soh
@@ -179,30 +185,31 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
         tmask = rmask[:, None] & emask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=fmask, other=0.0)
         qf = tl.where(fmask, feature(qt.to(tl.float32), FEATURE), 0.0)
-        g = tl.load(gbase + tok[:, None] * sgn + d[None, :] * sgd, mask=fmask, other=0.0).to(tl.float32)
+        g = tl.load(gbase + tok[:, None] * sgn + d[None, :] * sgd, mask=fmask, other=0.0)
         if TILE == BD:  # one column tile: the tile is the whole row, no second load
             g_e = g
         else:
-            g_e = tl.load(gbase + tok[:, None] * sgn + e[None, :] * sgd, mask=tmask, other=0.0).to(tl.float32)
-        if NORMALIZE:
-            den = tl.sum(qf * z[None, :], axis=1) + eps
-            # delta_t = g_t . o_t (as in flash attention's backward), so dden_t = -delta_t / den_t
-            o = tl.load(obase + tok[:, None] * son + d[None, :] * sod, mask=fmask, other=0.0).to(tl.float32)
-            delta = tl.sum(g * o, axis=1)
-            dden = -delta / den
-            du = g / den[:, None]
-            du_e = g_e / den[:, None]
-        else:
-            du = g * scale
-            du_e = g_e * scale
-        if LOWP:  # w.r.t. the numerator's (rotated) features, columns e
-            dq = tl.dot(du.to(Q.dtype.element_ty), tl.trans(S_lp))
-        else:
-            dq = _dot(du, tl.trans(S_rows), IEEE)
+            g_e = tl.load(gbase + tok[:, None] * sgn + e[None, :] * sgd, mask=tmask, other=0.0)
         qn = qf
         if ROPE:
             c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
             qn = rotate(qf, c, s, BT, BD, False)
+        # w.r.t. the numerator's (rotated) features, columns e
+        P = _dot(g.to(dt), tl.trans(S_rows), IEEE)
+        if NORMALIZE:
+            inv = 1.0 / (tl.sum(qf * z[None, :], axis=1) + eps)
+            if TILE == BD:
+                delta = tl.sum(qn * P, axis=1) * inv
+            else:  # delta_t = g_t . o_t (as in flash attention's backward)
+                o = tl.load(obase + tok[:, None] * son + d[None, :] * sod, mask=fmask, other=0.0)
+                delta = tl.sum(g.to(tl.float32) * o.to(tl.float32), axis=1)
+            dden = -delta * inv  # dL/dden_t
+            dq = P * inv[:, None]
+            qs = qn * inv[:, None]  # dS~ = sum_t qn_t du_t^T with du_t = g_t / den_t
+        else:
+            dq = P * scale
+            qs = qn
+        if ROPE:
             if TILE == BD:
                 dq = rotate(dq, c, s, BT, TILE, True)
             else:
@@ -216,16 +223,15 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
             q_e = tl.load(qbase + tok[:, None] * sqn + e[None, :] * sqd, mask=tmask, other=0.0).to(tl.float32)
         dq = dq * feature_grad(q_e, FEATURE)
         tl.store(dbase + tok[:, None] * sdn + e[None, :] * sdd, dq.to(DQ.dtype.element_ty), mask=tmask)
-        if LOWP:
-            accS += tl.dot(tl.trans(qn.to(Q.dtype.element_ty)), du_e.to(Q.dtype.element_ty))
-        else:
-            accS += _dot(tl.trans(qn), du_e, IEEE)
+        accS += _dot(tl.trans(qs.to(dt)), g_e.to(dt), IEEE)
         if NORMALIZE:
-            accz += tl.sum(qf * dden[:, None], axis=0)
+            accz += qf * dden[:, None]
+    if not NORMALIZE:
+        accS = accS * scale
     out = DSZ + (bh.to(tl.int64) * M * J + ij) * X
-    tl.store(out + d[:, None] * D + e[None, :], accS, mask=dmask[:, None] & emask[None, :])
+    tl.store(out + d[:, None] * D + e[None, :], accS.to(DSZ.dtype.element_ty), mask=dmask[:, None] & emask[None, :])
     if tile == 0:
-        tl.store(out + D * D + d, accz, mask=dmask)
+        tl.store(out + D * D + d, tl.sum(accz, axis=0).to(DSZ.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -247,12 +253,17 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
     dmask = d < D
     emask = e < D
     summ = DSZ + (bh.to(tl.int64) * M + i) * X
-    dS_cols = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
-    dS_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
-    dz_e = tl.load(summ + D * D + e, mask=emask, other=0.0)
+    # dS read once in the dot dtype: LOWP rounds it to the input dtype, otherwise fp32
     if LOWP:
-        dS_cols_lp = dS_cols.to(K.dtype.element_ty)
-        dS_rows_lp = dS_rows.to(K.dtype.element_ty)
+        dt = K.dtype.element_ty
+    else:
+        dt = tl.float32
+    dS_cols = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0).to(dt)
+    if TILE == BD:  # rows e = all rows: the same tile
+        dS_rows = dS_cols
+    else:
+        dS_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0).to(dt)
+    dz_e = tl.load(summ + D * D + e, mask=emask, other=0.0).to(tl.float32)
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
     dkbase = DK + b.to(tl.int64) * sdkb + h * sdkh
@@ -270,15 +281,9 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
         if ROPE:
             c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
             kn = rotate(kf, c, s, BT, BD, False)
-        if LOWP:
-            dv = tl.dot(kn.to(K.dtype.element_ty), dS_cols_lp)
-        else:
-            dv = _dot(kn, dS_cols, IEEE)
+        dv = _dot(kn.to(dt), dS_cols, IEEE)
         tl.store(dvbase + tok[:, None] * sdvn + e[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=tmask)
-        if LOWP:  # w.r.t. the numerator's (rotated) features, columns e
-            dk = tl.dot(vt, tl.trans(dS_rows_lp))
-        else:
-            dk = _dot(vt.to(tl.float32), tl.trans(dS_rows), IEEE)
+        dk = _dot(vt.to(dt), tl.trans(dS_rows), IEEE)  # w.r.t. the numerator's (rotated) features, columns e
         if ROPE:
             if TILE == BD:
                 dk = rotate(dk, c, s, BT, TILE, True)

@@ -56,7 +56,8 @@ def mix_grad_kernel(L, R, PART, M, X, NT, XT,
         xmask = xx < x_end
         lt = tl.load(lbase + i[:, None].to(tl.int64) * X + xx[None, :], mask=imask[:, None] & xmask[None, :], other=0.0)
         rt = tl.load(rbase + j[:, None].to(tl.int64) * X + xx[None, :], mask=jmask[:, None] & xmask[None, :], other=0.0)
-        rt = rt.to(tl.float32)  # the block summaries, bf16 for bf16 inputs
+        lt = lt.to(tl.float32)  # both sides bf16 for bf16 inputs (summary_dtype)
+        rt = rt.to(tl.float32)
         if IEEE:
             acc += tl.dot(lt, tl.trans(rt), input_precision="ieee")
         else:

@@ -55,11 +55,9 @@ def _num_sms(device_index: int) -> int:
 KERNEL_CONFIGS = {
     "summary": dict(TILE=128, BT=64, warps=8, stages=3),
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
-    "query_grad": dict(TILE=128, BT=64, warps=8, stages=2, lowp=True),
-    "key_grad": dict(TILE=128, BT=64, warps=8, stages=3, lowp=True),
-    # BT: 64 for fp32 inputs. split_d: head dims just above a power of two as two pieces (72 = 64 + 16
-    # instead of one 128-wide tile; ``dense_tiles``); off until measured on the GPU.
-    "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True, split_d=False),
+    "query_grad": dict(TILE=128, BT=16, warps=4, stages=2, lowp=True),
+    "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
+    "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
     "mix": dict(BX=64, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
 }
 
@@ -78,10 +76,11 @@ def _lowp(name: str, dtype) -> bool:
 
 def _config(name: str, D: int, fp32_rope: bool = False):
     """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32_rope``: fp32 inputs
-    with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128)."""
+    with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128,
+    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`)."""
     c = KERNEL_CONFIGS[name]
     BD = max(16, triton.next_power_of_2(D))
-    BT = c["BT"] if BD < 128 or (BD == 128 and not fp32_rope) else min(c["BT"], 32)
+    BT = c["BT"] if BD < 128 or (BD == 128 and not fp32_rope) else min(c["BT"], 16 if BD > 128 and fp32_rope else 32)
     # keep each program's D x TILE fp32 tiles within 128 x 128 (D = 256: 64 columns per program);
     # wider ones run out of shared memory on the H200 in fp32
     TILE = min(BD, c["TILE"], 16384 // BD)
@@ -189,34 +188,21 @@ def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, c
     return o
 
 
-def dense_tiles(D: int, den_col: bool, split: bool) -> tuple[int, int]:
-    """Head-dim tile widths (BD, BD2) of the dense kernel: one power-of-two tile (BD2 = 0), or with
-    ``split`` two pieces when they are narrower (72 -> 64 + 16; ``den_col`` keeps a padding column)."""
-    BD = max(16, triton.next_power_of_2(D))
-    if split and D > 16:
-        lo = 1 << (D.bit_length() - 1)  # largest power of two <= D
-        BD2 = max(16, triton.next_power_of_2(D - lo + (1 if den_col else 0)))
-        if lo + BD2 < BD:
-            return lo, BD2
-    return BD, 0
-
-
 def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
-    """The dense kernel's tile constants for these inputs: head-dim tiles BD (+ BD2), queries BT and
-    keys BS per step, and DEN_COL (the denominator as a padding column of v, where there is one)."""
+    """The dense kernel's tile constants for these inputs: the padded head dim BD, queries BT and keys BS
+    per step, and DEN_COL (the denominator as a padding column of v, where there is one)."""
     c = KERNEL_CONFIGS["dense"]
     den_col = normalize and not rope
-    BD, BD2 = dense_tiles(D, den_col, c.get("split_d", False))
-    width = BD + BD2
+    BD = max(16, triton.next_power_of_2(D))
     fp32 = dtype == torch.float32
-    BT = 32 if width > 128 else (min(c["BT"], 64) if fp32 else c["BT"])
+    BT = 32 if BD > 128 else (min(c["BT"], 64) if fp32 else c["BT"])
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
     # and 32-key steps at D=256 (234 KiB; 16 keys: 150 KiB, `benchmarks/kernel_resources.py --dense-variants`)
-    if width < 128 or (width == 128 and not (rope and fp32)):
+    if BD < 128 or (BD == 128 and not (rope and fp32)):
         BS = c["BS"]
     else:
-        BS = 16 if width > 128 and rope and fp32 else 32
-    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < width)
+        BS = 16 if BD > 128 and rope and fp32 else 32
+    return dict(BD=BD, BT=BT, BS=BS, DEN_COL=den_col and D < BD)
 
 
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
@@ -243,7 +229,7 @@ def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scal
     BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and q.dtype == torch.float32)
     X = D * D + D
     dq = _new((B, N, H, D), q, q.dtype)
-    dsz_part = _new((B, H, M * J, X), q, torch.float32)
+    dsz_part = _new((B, H, M * J, X), q, summary_dtype(q.dtype))
     tables, tstrides, rope = _rope_args(cos, sin, q)
     query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *q.stride(), *g.stride(), *o.stride(),
@@ -268,22 +254,26 @@ def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None):
 
 def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
                  cos=None, sin=None):
-    """Returns (o, sz): sz holds the per-block (per-split) summaries for the backward, or is empty."""
+    """Returns (o, sz, mixed): the per-block (per-split) summaries and the mixed ones S~, z~, kept for the
+    backward; both empty after the dense algorithm, which keeps nothing."""
     M = math.prod(blocks)
     fcode = FEATURE_CODES[feature_map]
     if algorithm == "dense":
         o = launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos, sin)
-        return o, q.new_empty((0,), dtype=torch.float32)
+        return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
     sz = launch_summary(k, v, order, offsets, M, splits, fcode, cos, sin)
     # the apply rounds S~ to the input dtype for its products, so S~ is stored as the summaries are
     mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32, out_dtype=sz.dtype)
     o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode, cos, sin)
-    return o, sz
+    return o, sz, mixed
 
 
-def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits,
+def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, feature_map, scale, splits,
                   cos=None, sin=None):
+    """The gradients of q, k, v and mix. The backward's own summaries (dS~ per query block, dS per key
+    block) are stored as the forward's are (``summary_dtype``): key_grad rounds dS to the input dtype
+    for its products anyway, and the sums that make dMc and dS run in fp32."""
     B, N, H, D = q.shape
     M, J, X = math.prod(blocks), splits, D * D + D
     fcode = FEATURE_CODES[feature_map]
@@ -291,10 +281,11 @@ def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_
     order, offsets, _ = block_token_lists(grid, blocks, q.device)
     if sz.numel() == 0:  # the dense forward kept no summaries
         sz = launch_summary(k, v, order, offsets, M, J, fcode, cos, sin)
-    mixed = launch_mix(mix, sz, J, ieee)
+        mixed = launch_mix(mix, sz, J, ieee, out_dtype=sz.dtype)
     dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos, sin)
-    dmixed = dsz_part.view(B, H, M, J, X).sum(3) if J > 1 else dsz_part  # dS~ per query block
-    dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True)                # dS_b = Mc^T dS~
+    # dS~ per query block (split parts summed in fp32)
+    dmixed = dsz_part.view(B, H, M, J, X).sum(3, dtype=torch.float32) if J > 1 else dsz_part
+    dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True, out_dtype=dsz_part.dtype)  # dS_b = Mc^T dS~
     block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
     dmix = launch_mix_grad(dmixed, block_sz, mix.dim() == 3, ieee)       # dMc_ib = <dS~_i, S_b>
     dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos, sin)
@@ -306,16 +297,16 @@ def backward_impl(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_
 class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mix, *args):
-        o, sz = forward_impl(q, k, v, mix, *args)
+        o, sz, mixed = forward_impl(q, k, v, mix, *args)
         grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = args
-        ctx.save_for_backward(q, k, v, mix, o, sz, cos, sin)
+        ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
         ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
         return o
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, mix, o, sz, cos, sin = ctx.saved_tensors
-        grads = backward_impl(g, q, k, v, mix, o, sz, *ctx.args, cos, sin)
+        q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
+        grads = backward_impl(g, q, k, v, mix, o, sz, mixed, *ctx.args, cos, sin)
         return (*grads,) + (None,) * 10
 
 
@@ -325,7 +316,7 @@ class _MHLAFunction(torch.autograd.Function):
 def mhla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor, grid: list[int],
              blocks: list[int], normalize: bool, eps: float, feature_map: str, scale: float, algorithm: str,
              splits: int, cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin)
 
 
@@ -334,35 +325,37 @@ def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm,
     B, N, H, D = q.shape
     o = q.new_empty((B, N, H, D))
     if algorithm == "dense":
-        return o, q.new_empty((0,), dtype=torch.float32)
-    return o, q.new_empty((B, H, math.prod(blocks) * splits, D * D + D), dtype=summary_dtype(q.dtype))
+        return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+    M, X, dtype = math.prod(blocks), D * D + D, summary_dtype(q.dtype)
+    return o, q.new_empty((B, H, M * splits, X), dtype=dtype), q.new_empty((B, H, M, X), dtype=dtype)
 
 
 @torch.library.custom_op("mediagen::mhla_bwd", mutates_args=())
 def mhla_bwd(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor,
-             o: torch.Tensor, sz: torch.Tensor, grid: list[int], blocks: list[int], normalize: bool, eps: float,
-             feature_map: str, scale: float, splits: int, cos: Optional[torch.Tensor] = None,
-             sin: Optional[torch.Tensor] = None
+             o: torch.Tensor, sz: torch.Tensor, mixed: torch.Tensor, grid: list[int], blocks: list[int],
+             normalize: bool, eps: float, feature_map: str, scale: float, splits: int,
+             cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward_impl(g.contiguous() if g.stride(-1) == 0 else g, q, k, v, mix, o, sz, grid, blocks,
+    return backward_impl(g.contiguous() if g.stride(-1) == 0 else g, q, k, v, mix, o, sz, mixed, grid, blocks,
                          normalize, eps, feature_map, scale, splits, cos, sin)
 
 
 @mhla_bwd.register_fake
-def _(g, q, k, v, mix, o, sz, grid, blocks, normalize, eps, feature_map, scale, splits, cos=None, sin=None):
+def _(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, feature_map, scale, splits, cos=None,
+      sin=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), mix.new_empty(mix.shape)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = inputs
-    o, sz = output
-    ctx.save_for_backward(q, k, v, mix, o, sz, cos, sin)
+    o, sz, mixed = output
+    ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
     ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
 
 
-def _backward(ctx, grad_o, grad_sz):
-    q, k, v, mix, o, sz, cos, sin = ctx.saved_tensors
-    grads = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, *ctx.args, cos, sin)
+def _backward(ctx, grad_o, grad_sz, grad_mixed):
+    q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
+    grads = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, mixed, *ctx.args, cos, sin)
     return (*grads,) + (None,) * 10
 
 
