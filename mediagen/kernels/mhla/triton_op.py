@@ -80,7 +80,10 @@ def _config(name: str, D: int, fp32_rope: bool = False):
     16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`)."""
     c = KERNEL_CONFIGS[name]
     BD = max(16, triton.next_power_of_2(D))
-    BT = c["BT"] if BD < 128 or (BD == 128 and not fp32_rope) else min(c["BT"], 16 if BD > 128 and fp32_rope else 32)
+    if BD < 128 or (BD == 128 and not fp32_rope):
+        BT = c["BT"]
+    else:
+        BT = min(c["BT"], 16 if BD > 128 and fp32_rope else 32)
     # keep each program's D x TILE fp32 tiles within 128 x 128 (D = 256: 64 columns per program);
     # wider ones run out of shared memory on the H200 in fp32
     TILE = min(BD, c["TILE"], 16384 // BD)
