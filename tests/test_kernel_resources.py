@@ -18,10 +18,15 @@ def run(*args, interpret=False):
                           env=env, capture_output=True, text=True, timeout=300)
 
 
+def kernel_rows(stdout):
+    """(kernel, warps, stages, registers, spilled bytes, shared KiB, CTAs per SM) rows of the report."""
+    return re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| (\d+) \|$", stdout, re.M)
+
+
 def test_reports_registers_shared_memory_and_occupancy():
     proc = run("--head-dim", "32", "--kernels", "apply,key_grad")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| (\d+) \|$", proc.stdout, re.M)
+    rows = kernel_rows(proc.stdout)
     assert [r[0] for r in rows] == ["apply", "key_grad"]
     for name, warps, stages, regs, spill, smem_kib, ctas in rows:
         warps, regs, ctas = int(warps), int(regs), int(ctas)
@@ -53,7 +58,7 @@ def test_chunked_kernels_fit_shared_memory_with_the_largest_tiles():
     proc = run("--head-dim", "256", "--fp32-rope", "--kernels", "summary,apply,query_grad,key_grad")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "fp32 inputs with RoPE" in proc.stdout
-    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| (\d+) \|$", proc.stdout, re.M)
+    rows = kernel_rows(proc.stdout)
     assert [r[0] for r in rows] == ["summary", "apply", "query_grad", "key_grad"]
     for name, warps, stages, regs, spill, smem_kib, ctas in rows:
         assert float(smem_kib) <= 227 and int(ctas) >= 1, (name, smem_kib)
