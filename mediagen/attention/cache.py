@@ -30,6 +30,15 @@ class DecodeCache:
             self.buffers[name][:, self.length:self.length + n] = t
         self.length += n
 
+    def claim_slot(self) -> dict[str, torch.Tensor]:
+        """Views (B, ...) of the next position of every buffer, counted as filled: for a kernel that
+        writes a new token's entries in place (MLRA's fused decode step) instead of ``append``."""
+        if self.length + 1 > self.capacity:
+            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding 1")
+        slots = {name: buf[:, self.length] for name, buf in self.buffers.items()}
+        self.length += 1
+        return slots
+
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.buffers[name][:, : self.length]
 

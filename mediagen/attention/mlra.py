@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.latent_decode import latent_decode
+from ..kernels.latent_decode import decode_prepare, latent_decode
 from .cache import DecodeCache
 from .masks import sdpa_mask
 from .rope import apply_rope_tables, rope_tables
@@ -76,10 +76,11 @@ class MLRAttention(nn.Module):
         self.out_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
         # (4, 1, 4, 1) block-diagonal selector of the decode step; not saved (persistent=False)
         self.register_buffer("_latent_eye", torch.eye(LATENT_HEADS)[:, None, :, None], persistent=False)
-        # decode_step's attention over the latent cache: "torch" (the ops below), "triton" (the
-        # split-K kernel of kernels.latent_decode, one pass over the cache) or "auto": triton on CUDA
-        # tensors (measured 1.7-3.3x faster than the torch ops there, benchmarks/RESULTS.md), else torch
+        # decode_step's path: "torch" (the torch ops of decode_step), "triton" (absorbed weights and
+        # the kernels of kernels.latent_decode: six launches per step, see _decode_step_absorbed) or
+        # "auto": triton on CUDA tensors, else torch
         self.decode_backend = "auto"
+        self._absorbed = None  # (parameter versions, weights) of _absorbed_weights
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -183,12 +184,18 @@ class MLRAttention(nn.Module):
     def decode_step(self, x, cache: DecodeCache):
         """One new token x (B, 1, d) against the cached latents; appends its own latents first.
 
-        A decode step is launch-bound (tiny kernels), so it is written for few kernels: RoPE tables
-        sliced from the cache, one RMSNorm for the 4 latent heads, and the 4 latent heads' products
-        as one matmul each way through a block-diagonal query (4x the FLOPs of 4 separate products,
-        which are negligible; the cache is read once, in place). With ``decode_backend = "triton"``
-        (what "auto", the default, picks on CUDA) the attention over the cache is one split-K kernel
-        instead (kernels.latent_decode)."""
+        ``decode_backend`` "torch": the step below in torch ops, written for few kernels (RoPE tables
+        sliced from the cache, one RMSNorm for the 4 latent heads, the 4 latent heads' products as one
+        matmul each way through a block-diagonal query). "triton" (what "auto" picks on CUDA): the
+        absorbed-weight step of ``_decode_step_absorbed``."""
+        backend = self.decode_backend
+        if backend == "auto":
+            backend = "triton" if x.is_cuda else "torch"
+        if backend == "triton":
+            return self._decode_step_absorbed(x, cache)
+        if backend != "torch":
+            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'auto', 'torch' or "
+                             "'triton'")
         t = cache.length
         cos, sin = cache.tables["rope_cos"][t:t + 1, None, :], cache.tables["rope_sin"][t:t + 1, None, :]
         q_nope, q_rope = self._queries(x, cos, sin)                  # (B,1,H,d_h), (B,1,H,d_r)
@@ -196,28 +203,78 @@ class MLRAttention(nn.Module):
         cache.append(latents=c_new, rope_keys=k_rope_new)
         c, k_rope = cache["latents"], cache["rope_keys"]              # (B,T,4,d_l), (B,T,d_r)
         w_k, w_v = self._up_weights()                                 # (4, d_l, hp, d_h)
-        # split the heads among latents as the branches do: (B, 4, hp, d_h)
-        q_lat = q_nope[:, 0].unflatten(1, (-1, self.heads_per_latent))
-        if self.branches == 4:
-            q_lat = q_lat.expand(-1, LATENT_HEADS, -1, -1)           # every latent serves all heads
-        else:
-            q_lat = q_lat.repeat(1, 2, 1, 1)                          # latents 0,2 -> first half; 1,3 -> second
-        q_abs = torch.einsum("blhe,ldhe->blhd", q_lat, w_k)          # absorbed query in latent space
-        backend = self.decode_backend
-        if backend == "auto":
-            backend = "triton" if c.is_cuda else "torch"
-        if backend == "torch":
-            ctx = self._latent_attention_torch(q_abs, q_rope, c, k_rope)
-        elif backend == "triton":
-            # each latent's rows with the rope query of the head they serve: (B, 4, hp, d_r)
-            q_rope_lat = self._branch_heads_to_latent(q_rope[:, 0][:, None].expand(-1, self.branches, -1, -1))
-            ctx = latent_decode(q_abs, q_rope_lat, c, k_rope, self.attn_scale, backend="triton")
-        else:
-            raise ValueError(f"decode_backend={self.decode_backend!r} is not allowed: use 'auto', 'torch' or "
-                             "'triton'")
+        q_abs = torch.einsum("blhe,ldhe->blhd", self._latent_rows(q_nope[:, 0]), w_k)  # absorbed query
+        ctx = self._latent_attention_torch(q_abs, q_rope, c, k_rope)
         o = torch.einsum("blhd,ldhe->blhe", ctx, w_v)                 # value up-projection after the sum
         o = self._latent_to_branch_heads(o).sum(1) * self.branch_scale  # (B, H, d_h)
         return self.out_proj(o.flatten(-2))[:, None]
+
+    def _latent_rows(self, per_head):
+        """(B, H, ...) per-head rows -> (B, 4, hp, ...): latent l's rows are the heads it serves,
+        head (l % G) * hp + r with G = 1 (MLRA-4: every latent serves all heads) or 2 (MLRA-2)."""
+        t = per_head.unflatten(1, (-1, self.heads_per_latent))
+        return t.expand(-1, LATENT_HEADS, *t.shape[2:]) if self.branches == 4 else t.repeat(1, 2, *[1] * (t.dim() - 2))
+
+    def _absorbed_weights(self) -> dict[str, torch.Tensor]:
+        """The decode step's weights with the up-projections absorbed, recomputed when a parameter
+        changes (in place or replaced). With head(l, r) the head that row r of latent l serves:
+          "in":  [W_dq; W_dkv], one GEMM for both down-projections;
+          "q":   rows (l, r, :) = W_uk[l, :, r, :] @ W_uq_nope[head(l, r)] (the query already in latent
+                 l's space), then W_uq's rope rows; "q_bias" likewise;
+          "out": columns (l, r, :) = branch_scale * W_o[:, head(l, r)] @ W_uv[l, :, r, :]^T, so the value
+                 up-projection, the branch sum and the output projection are one GEMM;
+          "q_norm", "kv_norm": the RMSNorm weights with sqrt(d / d_q), sqrt(4 d / d_c) folded in (fp32).
+        Products in fp32 (fp64 for fp64 weights), rounded once to the weights' dtype. No gradient flows
+        through them: the absorbed step is for inference."""
+        params = [self.q_down.weight, self.kv_down.weight, self.q_norm.weight, self.q_up.weight, self.q_up.bias,
+                  self.kv_up, self.out_proj.weight, *(n.weight for n in self.kv_norms)]
+        key = tuple(None if p is None else (p.data_ptr(), p._version, p.dtype) for p in params)
+        if self._absorbed is not None and self._absorbed[0] == key:
+            return self._absorbed[1]
+        dtype = self.kv_up.dtype
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        hp, dh, dr = self.heads_per_latent, self.head_dim, self.rope_dim
+        with torch.no_grad():
+            w_k, w_v = (w.to(acc) for w in self._up_weights())          # (4, d_l, hp, d_h)
+            w_uq = self.q_up.weight.to(acc).unflatten(0, (self.heads, dh + dr))  # (H, d_h + d_r, d_q)
+            heads = self._latent_rows(torch.arange(self.heads, device=w_uq.device)[None])[0]  # (4, hp)
+            q_abs = torch.einsum("ldre,lreq->lrdq", w_k, w_uq[:, :dh][heads]).flatten(0, 2)
+            q_rope = w_uq[:, dh:].flatten(0, 1)
+            w_o = self.out_proj.weight.to(acc).unflatten(1, (self.heads, dh))  # (d, H, d_h)
+            out = torch.einsum("clre,ldre->clrd", w_o[:, heads], w_v).flatten(1) * self.branch_scale
+            weights = {"in": torch.cat([self.q_down.weight, self.kv_down.weight]),
+                       "q": torch.cat([q_abs, q_rope]).to(dtype), "q_bias": None, "out": out.to(dtype),
+                       "q_norm": self.q_norm.weight.to(acc) * self.q_scale,
+                       "kv_norm": torch.stack([n.weight for n in self.kv_norms]).to(acc) * self.kv_scale}
+            if self.q_up.bias is not None:
+                b = self.q_up.bias.to(acc).unflatten(0, (self.heads, dh + dr))
+                b_abs = torch.einsum("ldre,lre->lrd", w_k, b[:, :dh][heads]).flatten()
+                weights["q_bias"] = torch.cat([b_abs, b[:, dh:].flatten()]).to(dtype)
+        self._absorbed = (key, weights)
+        return weights
+
+    def _decode_step_absorbed(self, x, cache: DecodeCache):
+        """The decode step in six launches: the two down-projections (one GEMM); the query norm, the
+        latent norms and the rope key's rotation, written into the cache (``decode_prepare``); the
+        absorbed query and the rope query (one GEMM); attention over the latent cache with the rope
+        query rotated in the kernel (``latent_decode``, split-K pass and merge); the absorbed value and
+        output projections (one GEMM). The torch step launches about forty kernels; a decode step is
+        launch-bound, so this is what makes MLRA's smaller cache pay off (benchmarks/RESULTS.md)."""
+        w = self._absorbed_weights()
+        slots = cache.claim_slot()
+        t = cache.length - 1
+        rotation = (cache.tables["rope_cos"][t], cache.tables["rope_sin"][t])
+        B, hp = x.shape[0], self.heads_per_latent
+        eps = [n.eps if n.eps is not None else torch.finfo(x.dtype).eps for n in (self.q_norm, self.kv_norms[0])]
+        c_q = decode_prepare(F.linear(x[:, 0], w["in"]), w["q_norm"], w["kv_norm"], rotation, slots["latents"],
+                             slots["rope_keys"], eps_q=eps[0], eps_kv=eps[1], backend="triton")
+        q = F.linear(c_q, w["q"], w["q_bias"])
+        n_abs = LATENT_HEADS * hp * self.latent_dim
+        q_abs = q[:, :n_abs].view(B, LATENT_HEADS, hp, self.latent_dim)
+        q_rope = q[:, n_abs:].view(B, self.heads // hp, hp, self.rope_dim)  # group l % G of latent l
+        ctx = latent_decode(q_abs, q_rope, cache["latents"], cache["rope_keys"], self.attn_scale, backend="triton",
+                            rope_rotation=rotation)
+        return F.linear(ctx.flatten(1), w["out"], self.out_proj.bias)[:, None]
 
     def _latent_attention_torch(self, q_abs, q_rope, c, k_rope):
         """Softmax attention of the absorbed queries (B, 4, hp, d_l) over the latent cache, in torch ops:
