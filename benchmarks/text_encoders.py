@@ -162,7 +162,7 @@ def decode_table(args, device, dtype, shapes):
                   "mlra4": MLRAttention(hidden, heads, branches=4)}
         for b in (2, 4):  # the plain rows: the decode step in torch ops (on CUDA the default is the kernel)
             layers[f"mlra{b}"].decode_backend = "torch"
-        if device.type == "cuda":  # the same MLRA layers with the split-K Triton kernel over the latent cache
+        if device.type == "cuda":  # the same MLRA layers with the absorbed-weight step (six launches, Triton kernels)
             for b in (2, 4):
                 layers[f"mlra{b} triton"] = MLRAttention(hidden, heads, branches=b)
                 layers[f"mlra{b} triton"].decode_backend = "triton"

@@ -33,7 +33,7 @@ from mediagen.models.latent_grid import LatentGrids  # noqa: E402
 from mediagen.models.presets import build_transformer, preset  # noqa: E402
 from mediagen.models.processors import WanMHLAProcessor  # noqa: E402
 
-VARIANTS = ("sdpa", "sdpa-flash", "mhla", "mhla-rope", "hybrid", "hybrid-rope", "no-self-attn")
+VARIANTS = ("sdpa", "sdpa-flash", "mhla", "mhla-rope", "hybrid", "hybrid-rope", "projections-only", "no-self-attn")
 
 
 class NoSelfAttention:
@@ -41,6 +41,17 @@ class NoSelfAttention:
 
     def __call__(self, attn, hidden_states, *args, **kwargs):
         return torch.zeros_like(hidden_states)
+
+
+class ProjectionsOnly:
+    """Processor that keeps a self-attention layer's projections and q/k norms and mixes no tokens
+    (o = q + k + v, so that no projection is dead code): the floor for any attention that keeps the
+    pretrained projections, as MHLA does. The no-self-attn floor drops the projections too."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        q = attn.norm_q(attn.to_q(hidden_states))
+        k = attn.norm_k(attn.to_k(hidden_states))
+        return attn.to_out[1](attn.to_out[0](q + k + attn.to_v(hidden_states)))
 
 
 def set_variant(model, variant: str, grid, blocks):
@@ -51,10 +62,10 @@ def set_variant(model, variant: str, grid, blocks):
         mediagen.convert(model, "sdpa")
         model.set_attention_backend("flash" if importlib.util.find_spec("flash_attn") else "_native_flash")
         return
-    if variant == "no-self-attn":
+    if variant in ("no-self-attn", "projections-only"):
         mediagen.convert(model, "sdpa")
         for block in model.blocks:
-            block.attn1.set_processor(NoSelfAttention())
+            block.attn1.set_processor(NoSelfAttention() if variant == "no-self-attn" else ProjectionsOnly())
         return
     attention = {"sdpa": "sdpa", "mhla": "mhla", "hybrid": "wan-mhla-h"}[variant.removesuffix("-rope")]
     with warnings.catch_warnings():  # the position-blind variants are measured on purpose
