@@ -17,12 +17,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo, when mediagen is not installed
-from model_timing import device_name, graph_breaks, markdown_table, reset_compiler, time_ms  # noqa: E402
+from model_timing import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,  # noqa: E402
+                          time_ms)
 
 import mediagen  # noqa: E402
 from mediagen.models.presets import build_transformer  # noqa: E402
 
-VARIANTS = ("sdpa", "mhla", "linear")
+VARIANTS = ("sdpa", "mhla", "linear", "projections-only")  # projections-only: model_timing.ProjectionsOnly
 
 
 def main(argv=None):
@@ -66,7 +67,12 @@ def main(argv=None):
         base = {}
         for mode in modes:
             for variant in variants:
-                mediagen.convert(model, variant, blocks=blocks)
+                if variant == "projections-only":
+                    mediagen.convert(model, "sdpa")
+                    for block in model.transformer_blocks:
+                        block.attn1.set_processor(ProjectionsOnly())
+                else:
+                    mediagen.convert(model, variant, blocks=blocks)
                 reset_compiler()
                 fn = torch.compile(model, backend=args.compile_backend) if mode == "compile" else model
 

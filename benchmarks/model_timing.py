@@ -52,3 +52,16 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+class ProjectionsOnly:
+    """Attention processor that keeps a self-attention layer's projections and q/k norms and mixes no
+    tokens (o = q + k + v, so that no projection is dead code under torch.compile): the floor for any
+    attention that keeps the pretrained projections, as MHLA does. Serves diffusers' ``Attention``
+    (DiT) and ``WanAttention``."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        if getattr(attn, "norm_q", None) is not None:
+            q, k = attn.norm_q(q), attn.norm_k(k)
+        return attn.to_out[1](attn.to_out[0](q + k + v))

@@ -43,6 +43,7 @@ VARIANTS = {
     "hla-top8": dict(attention="hla", hla_top_k=8),
     "hla-top4": dict(attention="hla", hla_top_k=4),
     "hla-top8c": dict(attention="hla", hla_top_k=8, hla_route="chunk"),     # cheap chunk-level routing
+    "hla-top4c": dict(attention="hla", hla_top_k=4, hla_route="chunk"),
     "no-attention": dict(attention="sdpa"),   # the floor: every self-attention replaced by zeros (see below)
 }
 MINILM_SHAPE = dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
@@ -233,6 +234,24 @@ def long_input_agreement(model, tok, prompts, length: int, top_k: int, route: st
     return torch.nn.functional.cosine_similarity(skipped, full, dim=-1).mean().item()
 
 
+def distilled_skipping_table(args, device, dtype):
+    """Chunk skipping on the distilled (shipped) HLA encoder, no retraining: mean token cosine to the
+    same encoder without skipping on long documents of held-out prompts (prompts alone are shorter than
+    one chunk, where skipping changes nothing)."""
+    from mediagen.models.text_encoders import load_text_encoder, make_prompts
+    enc = load_text_encoder(args.skip_distilled, torch_dtype=dtype, device=device)
+    heldout = make_prompts(512, "heldout")
+    lines = [f"| variant | token cosine to full HLA, {n}-token documents |" for n in [args.skip_length]]
+    lines.append("|---|---|")
+    for route in ("chunk", "token"):
+        for k in args.top_ks:
+            agree = long_input_agreement(enc.model, enc.tokenizer, heldout, args.skip_length, k, route, device)
+            lines.append(f"| top-{k}, {route} routing | {agree:.4f} |")
+            print(lines[-1], flush=True)
+    enc.model.set_hla_skipping(None, None, "token")
+    return lines
+
+
 def quality_table(args, device):
     """Distil each attention from MiniLM, then held-out sentence-embedding cosine to MiniLM."""
     from mediagen.models.text_encoders import (DistillConfig, distill, encoder_from_minilm, load_minilm,
@@ -278,6 +297,9 @@ def main(argv=None):
     p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--skip-length", type=int, default=8192)
     p.add_argument("--top-ks", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--skip-distilled", default=None,
+                   help="a distilled HLA encoder folder (e.g. mediagen/checkpoints/text-hla): the skipping table "
+                        "on it instead of random weights")
     p.add_argument("--distill-steps", type=int, default=0, help="> 0: distil and measure quality")
     p.add_argument("--distill-batch", type=int, default=64)
     p.add_argument("--quality-attentions", nargs="+", default=["sdpa", "mlra2", "mlra4", "hla"])
@@ -316,7 +338,10 @@ def main(argv=None):
     if "decode" in tables:
         out += ["### Decode latency per token (one attention layer, cache of ctx tokens)", ""]
         out += decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES) + [""]
-    if "skipping" in tables:
+    if "skipping" in tables and args.skip_distilled:
+        out += [f"### HLA chunk skipping (beyond the paper) on the distilled encoder {args.skip_distilled}", ""]
+        out += distilled_skipping_table(args, device, dtype) + [""]
+    elif "skipping" in tables:
         out += ["### HLA chunk skipping (beyond the paper), random weights", ""]
         out += skipping_table(args, device, dtype, shape) + [""]
     if args.distill_steps > 0:

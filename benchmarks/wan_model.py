@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo, when mediagen is not installed
-from model_timing import device_name, graph_breaks, markdown_table, reset_compiler, time_ms  # noqa: E402
+from model_timing import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,  # noqa: E402
+                          time_ms)
 
 import mediagen  # noqa: E402
 from mediagen.models.attention_spec import AttentionSpec  # noqa: E402
@@ -41,17 +42,6 @@ class NoSelfAttention:
 
     def __call__(self, attn, hidden_states, *args, **kwargs):
         return torch.zeros_like(hidden_states)
-
-
-class ProjectionsOnly:
-    """Processor that keeps a self-attention layer's projections and q/k norms and mixes no tokens
-    (o = q + k + v, so that no projection is dead code): the floor for any attention that keeps the
-    pretrained projections, as MHLA does. The no-self-attn floor drops the projections too."""
-
-    def __call__(self, attn, hidden_states, *args, **kwargs):
-        q = attn.norm_q(attn.to_q(hidden_states))
-        k = attn.norm_k(attn.to_k(hidden_states))
-        return attn.to_out[1](attn.to_out[0](q + k + attn.to_v(hidden_states)))
 
 
 def set_variant(model, variant: str, grid, blocks):
