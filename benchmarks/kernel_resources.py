@@ -110,11 +110,11 @@ def reports(D: int, only=(), fp32_rope=False):
 
 def dense_constexprs(D, dtype, rope, normalize):
     """(constexprs, warps, stages) of the dense kernel as ``launch_dense`` would launch it."""
-    c = T.KERNEL_CONFIGS["dense"]
     f32 = dtype == torch.float32
-    consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope,
-                  **T.dense_settings(D, dtype, rope, normalize))
-    return consts, c["warps"], c["stages"]
+    tiles = T.dense_settings(D, dtype, rope, normalize)
+    warps, stages = tiles.pop("warps"), tiles.pop("stages")
+    consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope, **tiles)
+    return consts, warps, stages
 
 
 def dense_variants(D):

@@ -77,9 +77,12 @@ def sweep_dense(shapes, defaults):
         mix = locality_mix(s.blocks).cuda()
         rows = []
         for bt, bs, warps, stages in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3)):
+            # the head dim in two tiles (DiT's 72 in bf16) takes BS, warps, stages from "dense_split"
             T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=True)
+            T.KERNEL_CONFIGS["dense_split"] = dict(BS=bs, warps=warps, stages=stages)
             rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
                          bt, bs, warps, stages))
+        T.KERNEL_CONFIGS["dense_split"] = dict(defaults["dense_split"])
         T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"], onehot=False)
         gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
         T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"])

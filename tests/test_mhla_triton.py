@@ -202,13 +202,17 @@ def test_alternative_kernel_paths(device, monkeypatch, setting, value):
 
 
 @pytest.mark.parametrize("normalize,rope,dtype", [(True, False, torch.float32), (False, False, torch.float32),
-                                                  (True, True, torch.float32), (True, False, torch.bfloat16)])
-def test_dense_padded_head_dim(device, normalize, rope, dtype):
-    """The dense kernel at a head dim below its padded tile (40 in 64 columns, whose padding column
-    carries the denominator when normalising without RoPE) against the reference."""
-    grid, blocks, D = (5, 9), (2, 3), 40
+                                                  (True, True, torch.float32), (True, False, torch.bfloat16),
+                                                  (False, False, torch.bfloat16), (True, True, torch.bfloat16)])
+@pytest.mark.parametrize("D", [40, 100])
+def test_dense_padded_head_dim(device, normalize, rope, dtype, D):
+    """The dense kernel at head dims below their padded width against the reference. bf16 at 40 runs
+    two tiles of 32 + 16 columns (fp32: one of 64); 100 runs one tile of 128. A padding column carries
+    the denominator when normalising without RoPE (for the two tiles, in the second)."""
+    grid, blocks = (5, 9), (2, 3)
     settings = triton_op.dense_settings(D, dtype, rope, normalize)
-    assert settings["BD"] == 64 and settings["DEN_COL"] == (normalize and not rope)
+    pieces = (32, 16) if D == 40 and dtype == torch.bfloat16 else (64 if D == 40 else 128, 0)
+    assert (settings["BD"], settings["BD2"]) == pieces and settings["DEN_COL"] == (normalize and not rope)
     q, k, v = make(2, grid, 2, D, dtype, device, "elu1")
     mix = torch.rand(2, 6, 6, device=device)
     tables = rope_tables(math.prod(grid), D, device) if rope else None

@@ -10,6 +10,10 @@ With ROPE the numerator's scores use rotated features, R_t(phi(q_t)).R_s(phi(k_s
 denominator's do not (a second score dot).
 DEN_COL (head dims below the padded width, no RoPE): the denominator sum_s p_ts rides in the p @ v
 product as the padding column D of v set to ones, instead of a row reduction per key tile.
+BD2 > 0 splits the head dim into two power-of-two pieces of BD and BD2 columns (DiT's 72, with its
+denominator column, as 64 + 16 instead of one 128-wide tile): the scores add the two pieces'
+products, and v and the output are two tiles. On the H200 at DiT-XL/2 256 px this took the kernel
+from 30.9 to 22.7 us (benchmarks/RESULTS.md, tenth session).
 """
 
 import triton
@@ -50,7 +54,7 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          sct, scj, sst, ssj,
                          N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
-                         BD: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                         BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                          BM: tl.constexpr, ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
                          NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
                          IEEE: tl.constexpr, ROPE: tl.constexpr):
@@ -71,6 +75,17 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
     if not DOT_F32:
         qf = qf.to(qt.dtype)
         qn = qn.to(qt.dtype)
+    if BD2 > 0:  # the second piece of the head dim, columns BD .. BD + BD2 - 1
+        d2 = BD + tl.arange(0, BD2)
+        qt2, qf2 = _feature_tile(qbase, rows, rmask, sqn, d2, sqd, D, FEATURE)
+        qn2 = qf2
+        if ROPE:  # channel pairs never straddle the pieces: BD is even
+            cq2, sq2 = rope_tables(COS, SIN, rows.to(tl.int64), rmask, sct, scj, sst, ssj, BD // 2, BD2 // 2, D)
+            qn2 = rotate(qf2, cq2, sq2, BT, BD2, False)
+        if not DOT_F32:
+            qf2 = qf2.to(qt.dtype)
+            qn2 = qn2.to(qt.dtype)
+        acc2 = tl.zeros((BT, BD2), dtype=tl.float32)
     bq = tl.load(BLK + rows, mask=rmask, other=0)
     mix_row = MIX + h * mix_head_stride + bq * M
     if ONEHOT:
@@ -92,8 +107,17 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
             kn = rotate(kf, ck, sk, BS, BD, False)
         vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd,
                      mask=cmask[:, None] & dmask[None, :], other=0.0)
-        if DEN_COL:  # column D is padding (zeros): ones there make acc[:, D] = sum_s p_ts
-            vt = vt + tl.where(d == D, 1.0, 0.0).to(vt.dtype)[None, :]  # (not bool.to(bf16): wrong in the interpreter)
+        if DEN_COL:  # column D is padding (zeros): ones there make the product's column D = sum_s p_ts
+            # (not bool.to(bf16): wrong in the interpreter)
+            if BD2 > 0:  # (split only when D > BD: the column is in the second piece)
+                vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
+                              mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
+                vt2 = vt2 + tl.where(d2 == D, 1.0, 0.0).to(vt2.dtype)[None, :]
+            else:
+                vt = vt + tl.where(d == D, 1.0, 0.0).to(vt.dtype)[None, :]
+        elif BD2 > 0:
+            vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
+                          mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
         bk = tl.load(BLK + cols, mask=cmask, other=0)
         if ONEHOT:
             onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
@@ -104,18 +128,35 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
         else:
             w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
         scores = _scores(qn, kn, DOT_F32, IEEE)
+        if BD2 > 0:
+            kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
+            kn2 = kf2
+            if ROPE:
+                ck2, sk2 = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, BD // 2, BD2 // 2, D)
+                kn2 = rotate(kf2, ck2, sk2, BS, BD2, False)
+            scores += _scores(qn2, kn2, DOT_F32, IEEE)
         p = scores * w
         acc += _weighted_values(p, vt, DOT_F32, IEEE)
+        if BD2 > 0:
+            acc2 += _weighted_values(p, vt2, DOT_F32, IEEE)
         if ROPE:  # the denominator's scores are the un-rotated ones
             plain = _scores(qf, kf, DOT_F32, IEEE)
+            if BD2 > 0:
+                plain += _scores(qf2, kf2, DOT_F32, IEEE)
             p = plain * w
         if not DEN_COL:
             den += tl.sum(p, axis=1)
     if DEN_COL:
-        den = tl.sum(tl.where((d == D)[None, :], acc, 0.0), axis=1)
+        if BD2 > 0:
+            den = tl.sum(tl.where((d2 == D)[None, :], acc2, 0.0), axis=1)
+        else:
+            den = tl.sum(tl.where((d == D)[None, :], acc, 0.0), axis=1)
     obase = O + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son
     if NORMALIZE:
-        out = acc / (den + eps)[:, None]
+        inv = 1.0 / (den + eps)
     else:
-        out = acc * scale
-    tl.store(obase + d[None, :] * sod, out.to(O.dtype.element_ty), mask=qmask)
+        inv = tl.full((BT,), scale, tl.float32)
+    tl.store(obase + d[None, :] * sod, (acc * inv[:, None]).to(O.dtype.element_ty), mask=qmask)
+    if BD2 > 0:
+        tl.store(obase + d2[None, :] * sod, (acc2 * inv[:, None]).to(O.dtype.element_ty),
+                 mask=rmask[:, None] & (d2 < D)[None, :])

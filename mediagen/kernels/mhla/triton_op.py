@@ -58,6 +58,9 @@ KERNEL_CONFIGS = {
     "query_grad": dict(TILE=128, BT=16, warps=4, stages=2, lowp=True),
     "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
     "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
+    # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 22.7 us with
+    # these against 24.1 at the one-tile settings (benchmarks/RESULTS.md, tenth session)
+    "dense_split": dict(BS=32, warps=4, stages=3),
     "mix": dict(BX=64, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
 }
 
@@ -111,7 +114,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False) -> str:
     third dot (the un-rotated scores) and both read the angle tables."""
     es = 4 if dtype == torch.float32 else 2
     ss = summary_dtype(dtype).itemsize
-    BD = max(16, triton.next_power_of_2(D))
+    BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
     chunked = (io + 4 * ss * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
     dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + 5e-6
@@ -191,13 +194,28 @@ def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, c
     return o
 
 
+def dense_head_pieces(D: int, den_col: bool) -> tuple[int, int]:
+    """(BD, BD2): the dense kernel's head-dim tiles. One power-of-two tile of next_pow2(D) columns, or
+    two (BD = the largest power of two below D, BD2 the rest rounded up) when the two are narrower:
+    72 with a denominator column as 64 + 16 instead of 128. ``den_col``: one padding column is needed."""
+    width = max(16, triton.next_power_of_2(D))
+    if D <= 16 or D == width or width > 128:  # (wider: the 32-query tiles of BD = 256 stay as they are)
+        return width, 0
+    first = max(16, triton.next_power_of_2(D) // 2)
+    rest = max(16, triton.next_power_of_2(D - first + den_col))
+    return (first, rest) if first + rest < width else (width, 0)
+
+
 def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
-    """The dense kernel's tile constants for these inputs: the padded head dim BD, queries BT and keys BS
-    per step, and DEN_COL (the denominator as a padding column of v, where there is one)."""
+    """The dense kernel's tile constants for these inputs: the head-dim tiles BD (+ BD2), queries BT and
+    keys BS per step, DEN_COL (the denominator as a padding column of v, where there is one), and the
+    launch's warps and stages."""
     c = KERNEL_CONFIGS["dense"]
     den_col = normalize and not rope
-    BD = max(16, triton.next_power_of_2(D))
     fp32 = dtype == torch.float32
+    # two head-dim tiles for half-precision inputs only: fp32 tiles in two pieces spill registers
+    # (`benchmarks/kernel_resources.py --head-dim 72 --dense-variants`), and fp32 is not the fast path
+    BD, BD2 = dense_head_pieces(D, den_col) if not fp32 else (max(16, triton.next_power_of_2(D)), 0)
     BT = 32 if BD > 128 else (min(c["BT"], 64) if fp32 else c["BT"])
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
     # and 32-key steps at D=256 (234 KiB; 16 keys: 150 KiB, `benchmarks/kernel_resources.py --dense-variants`)
@@ -205,7 +223,12 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
         BS = c["BS"]
     else:
         BS = 16 if BD > 128 and rope and fp32 else 32
-    return dict(BD=BD, BT=BT, BS=BS, DEN_COL=den_col and D < BD)
+    warps, stages = c["warps"], c["stages"]
+    if BD2:  # both pieces below 128 columns: settings of their own
+        split = KERNEL_CONFIGS["dense_split"]
+        BS, warps, stages = split["BS"], split["warps"], split["stages"]
+    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < BD + BD2 if BD2 else den_col and D < BD,
+                warps=warps, stages=stages)
 
 
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
@@ -213,6 +236,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     M = math.prod(blocks)
     c = KERNEL_CONFIGS["dense"]
     tiles = dense_settings(D, q.dtype, cos is not None, normalize)
+    warps, stages = tiles.pop("warps"), tiles.pop("stages")
     BM = max(16, triton.next_power_of_2(M))
     ieee = q.dtype == torch.float32
     o = _new((B, N, H, D), q, q.dtype)
@@ -223,7 +247,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *tstrides,
         N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale, **tiles, BM=BM, ONEHOT=c["onehot"] and M <= 128,
         FEATURE=fcode, NORMALIZE=normalize,
-        DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=c["warps"], num_stages=c["stages"])
+        DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=warps, num_stages=stages)
     return o
 
 
