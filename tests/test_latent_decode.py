@@ -8,7 +8,8 @@ import torch
 
 from mediagen.attention import MLRAttention
 from mediagen.attention.rope import rope_tables
-from mediagen.kernels.latent_decode import decode_prepare, decode_prepare_reference, latent_decode, latent_decode_reference
+from mediagen.kernels.latent_decode import (decode_prepare, decode_prepare_reference, latent_decode,
+                                            latent_decode_reference)
 from mediagen.kernels.latent_decode import triton_kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -116,7 +117,8 @@ def test_prepare_reference_is_the_modules_norms_and_rope():
     c_want, k_want = layer._latents(x, cos[:, None, :], sin[:, None, :])
     cq_want = layer.q_norm(layer.q_down(x)) * layer.q_scale
     h = torch.cat([layer.q_down(x), layer.kv_down(x)], -1)[:, 0]
-    lat, rope = torch.zeros(2, 4, layer.latent_dim, dtype=torch.float64), torch.zeros(2, layer.rope_dim, dtype=torch.float64)
+    lat = torch.zeros(2, 4, layer.latent_dim, dtype=torch.float64)
+    rope = torch.zeros(2, layer.rope_dim, dtype=torch.float64)
     with torch.no_grad():
         w = layer._absorbed_weights()
         cq = decode_prepare_reference(h, w["q_norm"], w["kv_norm"], (cos[0], sin[0]), lat, rope, 1e-6, 1e-6)
@@ -178,6 +180,23 @@ def test_absorbed_decode_equals_full_forward(branches):
             small = layer.new_cache(2, 1)
             layer(x[:, :1], cache=small)
             layer(x[:, 1:2], cache=small)
+
+
+def test_failed_absorbed_step_leaves_the_cache_as_it_was(monkeypatch):
+    """A step that fails before its slot is written does not count the slot (DecodeCache.next_slot)."""
+    import mediagen.attention.mlra as mlra_module
+    layer = MLRAttention(64, 4).to(DEVICE).eval()
+    layer.decode_backend = "triton"
+    cache = layer.new_cache(1, 4)
+    with torch.no_grad():
+        layer(torch.randn(1, 1, 64, device=DEVICE), cache=cache)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("kernel failed")
+        monkeypatch.setattr(mlra_module, "decode_prepare", broken)
+        with pytest.raises(RuntimeError, match="kernel failed"):
+            layer(torch.randn(1, 1, 64, device=DEVICE), cache=cache)
+    assert cache.length == 1
 
 
 def test_bad_input_names_the_problem():

@@ -30,14 +30,19 @@ class DecodeCache:
             self.buffers[name][:, self.length:self.length + n] = t
         self.length += n
 
-    def claim_slot(self) -> dict[str, torch.Tensor]:
-        """Views (B, ...) of the next position of every buffer, counted as filled: for a kernel that
-        writes a new token's entries in place (MLRA's fused decode step) instead of ``append``."""
+    def next_slot(self) -> dict[str, torch.Tensor]:
+        """Views (B, ...) of the next position of every buffer, for a kernel that writes a new token's
+        entries in place (MLRA's absorbed decode step) instead of ``append``; ``advance`` counts it
+        once written, so a step that fails before that leaves the cache as it was."""
         if self.length + 1 > self.capacity:
             raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding 1")
-        slots = {name: buf[:, self.length] for name, buf in self.buffers.items()}
+        return {name: buf[:, self.length] for name, buf in self.buffers.items()}
+
+    def advance(self) -> None:
+        """Count the position that ``next_slot`` handed out as filled."""
+        if self.length + 1 > self.capacity:
+            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding 1")
         self.length += 1
-        return slots
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.buffers[name][:, : self.length]

@@ -213,7 +213,9 @@ class MLRAttention(nn.Module):
         """(B, H, ...) per-head rows -> (B, 4, hp, ...): latent l's rows are the heads it serves,
         head (l % G) * hp + r with G = 1 (MLRA-4: every latent serves all heads) or 2 (MLRA-2)."""
         t = per_head.unflatten(1, (-1, self.heads_per_latent))
-        return t.expand(-1, LATENT_HEADS, *t.shape[2:]) if self.branches == 4 else t.repeat(1, 2, *[1] * (t.dim() - 2))
+        if self.branches == 4:
+            return t.expand(-1, LATENT_HEADS, *t.shape[2:])
+        return t.repeat(1, 2, *[1] * (t.dim() - 2))
 
     def _absorbed_weights(self) -> dict[str, torch.Tensor]:
         """The decode step's weights with the up-projections absorbed, recomputed when a parameter
@@ -261,13 +263,14 @@ class MLRAttention(nn.Module):
         output projections (one GEMM). The torch step launches about forty kernels; a decode step is
         launch-bound, so this is what makes MLRA's smaller cache pay off (benchmarks/RESULTS.md)."""
         w = self._absorbed_weights()
-        slots = cache.claim_slot()
-        t = cache.length - 1
+        slots = cache.next_slot()
+        t = cache.length
         rotation = (cache.tables["rope_cos"][t], cache.tables["rope_sin"][t])
         B, hp = x.shape[0], self.heads_per_latent
         eps = [n.eps if n.eps is not None else torch.finfo(x.dtype).eps for n in (self.q_norm, self.kv_norms[0])]
         c_q = decode_prepare(F.linear(x[:, 0], w["in"]), w["q_norm"], w["kv_norm"], rotation, slots["latents"],
                              slots["rope_keys"], eps_q=eps[0], eps_kv=eps[1], backend="triton")
+        cache.advance()                                                # the new token's slot is written
         q = F.linear(c_q, w["q"], w["q_bias"])
         n_abs = LATENT_HEADS * hp * self.latent_dim
         q_abs = q[:, :n_abs].view(B, LATENT_HEADS, hp, self.latent_dim)

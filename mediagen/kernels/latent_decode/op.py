@@ -97,7 +97,8 @@ def decode_prepare(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot
         raise ValueError(f"latent_slot must be ({B}, {L}, {d_l}) and rope_slot ({B}, d_r) with d_r even; got "
                          f"{tuple(latent_slot.shape)} and {tuple(rope_slot.shape)}")
     if any(t.shape != (d_r,) for t in rope_rotation):
-        raise ValueError(f"rope_rotation must be two rows of shape ({d_r},); got {[tuple(t.shape) for t in rope_rotation]}")
+        raise ValueError(f"rope_rotation must be two rows of shape ({d_r},); got "
+                         f"{[tuple(t.shape) for t in rope_rotation]}")
     if _backend(backend, h.dtype, decode_prepare_triton) == "reference":
         return decode_prepare_reference(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot, eps_q, eps_kv)
     return decode_prepare_triton(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot, eps_q, eps_kv)
