@@ -222,6 +222,8 @@ def test_bad_input_names_the_problem():
         decode_prepare(h, qw, kvw, rot, latents[:, 0, :2], rope[:, 0], eps_q=1e-6, eps_kv=1e-6)
     with pytest.raises(ValueError, match="backend='cuda'"):
         decode_prepare(h, qw, kvw, rot, latents[:, 0], rope[:, 0], eps_q=1e-6, eps_kv=1e-6, backend="cuda")
+    with pytest.raises(ValueError, match="one device"):
+        decode_prepare(h, qw.to("meta"), kvw, rot, latents[:, 0], rope[:, 0], eps_q=1e-6, eps_kv=1e-6)
     layer = MLRAttention(64, 4)
     layer.decode_backend = "flash"
     with pytest.raises(ValueError, match="decode_backend='flash'"):

@@ -50,7 +50,8 @@ def _check(q_lat, q_rope, latents, rope_keys, rope_rotation):
                              f"{[tuple(t.shape) for t in rope_rotation]}")
         tensors = tensors + tuple(rope_rotation)
     if len({t.dtype for t in tensors}) != 1 or len({t.device for t in tensors}) != 1:
-        raise ValueError("q_lat, q_rope, latents and rope_keys must share one dtype and one device; got "
+        raise ValueError("q_lat, q_rope, latents, rope_keys (and rope_rotation) must share one dtype and one "
+                         "device; got "
                          f"{[str(t.dtype) for t in tensors]} on {[str(t.device) for t in tensors]}")
 
 
@@ -99,6 +100,9 @@ def decode_prepare(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot
     if any(t.shape != (d_r,) for t in rope_rotation):
         raise ValueError(f"rope_rotation must be two rows of shape ({d_r},); got "
                          f"{[tuple(t.shape) for t in rope_rotation]}")
+    tensors = (h, q_weight, kv_weight, *rope_rotation, latent_slot, rope_slot)
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError(f"decode_prepare's tensors must share one device; got {[str(t.device) for t in tensors]}")
     if _backend(backend, h.dtype, decode_prepare_triton) == "reference":
         return decode_prepare_reference(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot, eps_q, eps_kv)
     return decode_prepare_triton(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot, eps_q, eps_kv)
