@@ -241,8 +241,7 @@ def distilled_skipping_table(args, device, dtype):
     from mediagen.models.text_encoders import load_text_encoder, make_prompts
     enc = load_text_encoder(args.skip_distilled, torch_dtype=dtype, device=device)
     heldout = make_prompts(512, "heldout")
-    lines = [f"| variant | token cosine to full HLA, {n}-token documents |" for n in [args.skip_length]]
-    lines.append("|---|---|")
+    lines = [f"| variant | token cosine to full HLA, {args.skip_length}-token documents |", "|---|---|"]
     for route in ("chunk", "token"):
         for k in args.top_ks:
             agree = long_input_agreement(enc.model, enc.tokenizer, heldout, args.skip_length, k, route, device)

@@ -24,8 +24,7 @@ class DecodeCache:
 
     def append(self, **tensors: torch.Tensor) -> None:
         n = next(iter(tensors.values())).shape[1]
-        if self.length + n > self.capacity:
-            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding {n}")
+        self._ensure_room(n)
         for name, t in tensors.items():
             self.buffers[name][:, self.length:self.length + n] = t
         self.length += n
@@ -34,15 +33,17 @@ class DecodeCache:
         """Views (B, ...) of the next position of every buffer, for a kernel that writes a new token's
         entries in place (MLRA's absorbed decode step) instead of ``append``; ``advance`` counts it
         once written, so a step that fails before that leaves the cache as it was."""
-        if self.length + 1 > self.capacity:
-            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding 1")
+        self._ensure_room(1)
         return {name: buf[:, self.length] for name, buf in self.buffers.items()}
 
     def advance(self) -> None:
         """Count the position that ``next_slot`` handed out as filled."""
-        if self.length + 1 > self.capacity:
-            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding 1")
+        self._ensure_room(1)
         self.length += 1
+
+    def _ensure_room(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            raise ValueError(f"cache capacity={self.capacity} exceeded: holds {self.length}, adding {n}")
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.buffers[name][:, : self.length]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .reference import rotate_with_tables
+
 
 def decode_prepare_reference(h, q_weight, kv_weight, rope_rotation, latent_slot, rope_slot,
                              eps_q: float, eps_kv: float) -> torch.Tensor:
@@ -25,9 +27,7 @@ def decode_prepare_reference(h, q_weight, kv_weight, rope_rotation, latent_slot,
     c_q = c_q * torch.rsqrt(c_q.pow(2).mean(-1, keepdim=True) + eps_q) * q_weight.to(acc)
     c = c.unflatten(-1, (L, d_l))
     c = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps_kv) * kv_weight.to(acc)
-    cos, sin = (t.to(acc) for t in rope_rotation)
-    half = d_r // 2
-    k = k * cos + torch.cat([k[..., half:], k[..., :half]], dim=-1) * sin
+    k = rotate_with_tables(k, *(t.to(acc) for t in rope_rotation))
     latent_slot.copy_(c)
     rope_slot.copy_(k)
     return c_q.to(h.dtype)

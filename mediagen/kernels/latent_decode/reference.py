@@ -20,15 +20,19 @@ from __future__ import annotations
 import torch
 
 
+def rotate_with_tables(x, cos_full, sin_signed):
+    """x * cos_full + [x2, x1] * sin_signed over the last dim (rope.apply_rope_tables' convention)."""
+    half = x.shape[-1] // 2
+    return x * cos_full + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin_signed
+
+
 def latent_decode_reference(q_lat, q_rope, latents, rope_keys, scale: float, rope_rotation=None) -> torch.Tensor:
     """q_lat (B, L, R, d_l), q_rope (B, G, R, d_r), latents (B, T, L, d_l), rope_keys (B, T, d_r)
     -> (B, L, R, d_l) in q_lat's dtype; computed in fp32 (fp64 stays fp64)."""
     acc = torch.float64 if q_lat.dtype == torch.float64 else torch.float32
-    L, G, half = q_lat.shape[1], q_rope.shape[1], q_rope.shape[-1] // 2
+    L, G = q_lat.shape[1], q_rope.shape[1]
     if rope_rotation is not None:
-        cos, sin = (t.to(acc) for t in rope_rotation)
-        x = q_rope.to(acc)
-        q_rope = (x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin).to(q_rope.dtype)
+        q_rope = rotate_with_tables(q_rope.to(acc), *(t.to(acc) for t in rope_rotation)).to(q_rope.dtype)
     q_rope = q_rope[:, torch.arange(L, device=q_rope.device) % G]
     c = latents.to(acc)
     scores = torch.einsum("blrd,btld->blrt", q_lat.to(acc), c)

@@ -227,7 +227,7 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
     if BD2:  # both pieces below 128 columns: settings of their own
         split = KERNEL_CONFIGS["dense_split"]
         BS, warps, stages = split["BS"], split["warps"], split["stages"]
-    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < BD + BD2 if BD2 else den_col and D < BD,
+    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < BD + BD2,
                 warps=warps, stages=stages)
 
 
