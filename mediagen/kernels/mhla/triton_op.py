@@ -58,9 +58,9 @@ KERNEL_CONFIGS = {
     "query_grad": dict(TILE=128, BT=16, warps=4, stages=2, lowp=True),
     "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
     "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
-    # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 22.7 us with
-    # these against 24.1 at the one-tile settings (benchmarks/RESULTS.md, tenth session)
-    "dense_split": dict(BS=32, warps=4, stages=3),
+    # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 22.4 us with
+    # these against 24.9 at 128 queries, 4 warps, 3 stages (benchmarks/RESULTS.md, tenth session)
+    "dense_split": dict(BT=256, BS=32, warps=8, stages=2),
     "mix": dict(BX=64, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
 }
 
@@ -226,7 +226,7 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
     warps, stages = c["warps"], c["stages"]
     if BD2:  # both pieces below 128 columns: settings of their own
         split = KERNEL_CONFIGS["dense_split"]
-        BS, warps, stages = split["BS"], split["warps"], split["stages"]
+        BT, BS, warps, stages = split["BT"], split["BS"], split["warps"], split["stages"]
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < BD + BD2,
                 warps=warps, stages=stages)
 
