@@ -5,6 +5,9 @@ compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas r
     python benchmarks/kernel_resources.py --head-dim 256 --dense-variants   # every dense-kernel tiling
     python benchmarks/kernel_resources.py --head-dim 256 --fp32-rope        # the largest chunked tiles
 
+The last column counts global loads and stores that move one 2-byte element per instruction (from the
+PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way.
+
 Occupancy bounds what a memory-bound kernel can keep in flight: an H100/H200 multiprocessor has
 65,536 registers and 227 KiB of shared memory, so a program of W warps using R registers per thread
 fits floor(65536 / (32 * W * R)) times by registers. The CTAs-per-SM column is the smaller of the
@@ -43,12 +46,18 @@ UNIT_STRIDES = {"sqd", "skd", "svd", "sod", "sgd", "sdd", "sdkd", "sdvd"}  # the
 def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict | None = None) -> dict:
     """Compile ``fn`` for sm_90a as a launch on contiguous bf16 tensors would (16-divisible pointers and
     strides, unit last-dim strides) and return its registers, spilled bytes and shared memory.
+    ``constexprs`` may also give the launch value of a run-time int (the summary row length X).
     ``pointers`` overrides element types of POINTERS (fp32 inputs, say)."""
     types = {**POINTERS, **(pointers or {})}
     consts = dict(constexprs)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name in consts:
+        if name in consts and not fn.params[i].is_constexpr:
+            # a run-time int with its launch value: Triton's launcher marks it 16-divisible only when it is
+            sig[name] = "i32"
+            if consts.pop(name) % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in consts:
             sig[name] = "constexpr"
         elif name in UNIT_STRIDES:
             consts[name] = 1
@@ -76,13 +85,16 @@ def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict
     smem = kernel.metadata.shared
     by_regs = REGISTERS_PER_SM // (32 * warps * regs)
     by_smem = SMEM_PER_SM // smem if smem else by_regs
-    return dict(registers=regs, spill_bytes=int(spill.group(1)) if spill else 0, shared_bytes=smem,
+    # global loads and stores of one 2-byte element per instruction: a row that could not be proven 16-byte
+    # aligned (a run-time length not divisible by 16, as the summary rows' D*D + D once was at D = 72)
+    narrow = len(re.findall(r"\b(?:ld|st)\.global(?:\.\w+)*\.[bu]16\b", kernel.asm["ptx"]))
+    return dict(registers=regs, spill_bytes=int(spill.group(1)) if spill else 0, shared_bytes=smem, narrow=narrow,
                 warps=warps, stages=stages, ctas_per_sm=min(by_regs, by_smem))
 
 
 def chunked_constexprs(name, D, fp32_rope=False, **extra):
     BD, TILE, BT, warps, stages = T._config(name, D, fp32_rope)
-    c = dict(D=D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32_rope, ROPE=fp32_rope, **extra)
+    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32_rope, ROPE=fp32_rope, **extra)
     return c, warps, stages
 
 
@@ -158,11 +170,11 @@ def main():
         return
     inputs = "fp32 inputs with RoPE" if args.fp32_rope else "bf16 inputs"
     print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, {inputs}\n")
-    print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM | 2-byte global accesses |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in reports(args.head_dim, only, args.fp32_rope).items():
         print(f"| {name} | {r['warps']} | {r['stages']} | {r['registers']} | {r['spill_bytes']} | "
-              f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
+              f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['narrow']} |")
 
 
 if __name__ == "__main__":

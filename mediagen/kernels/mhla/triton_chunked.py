@@ -15,7 +15,13 @@ coordinates are rotated back before the feature map's derivative.
 Every kernel tiles the output columns (TILE of the D columns per program) so D up to 256 fits.
 D is a compile-time constant: with a head dim that is not a multiple of 16 (DiT's 72) a run-time D
 leaves the compiler unable to prove the column masks constant over 8 lanes, and every load and store
-of a token row falls back to 2-byte accesses.
+of a token row falls back to 2-byte accesses. The summary row length X = D*D + D is one too in the
+kernels that read summaries (apply, query_grad, key_grad and triton_mix.py's), for the same reason:
+Triton marks a run-time int 16-divisible only when it is (X = 16,512 at D = 128 is, 5,256 at D = 72 is
+not), and then every S~ / dS row was read in 2-byte loads (129 per thread in apply instead of 16 of 16
+bytes, `benchmarks/kernel_resources.py`). The summary kernel keeps a run-time X on purpose: its 16-byte
+stores first move the accumulator out of the tensor-core layout through shared memory, and at DiT-XL/2
+512 px that made it 200 us against 119 us with 2-byte stores (H200, benchmarks/RESULTS.md).
 Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
 Row sums run on the tensor cores as products with a one-hot column (``first_column``): z = sum phi(k_s)
@@ -85,7 +91,7 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
 @triton.jit
 def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
                  sqb, sqn, sqh, sqd, sob, son, soh, sod, sct, scj, sst, ssj,
-                 H, M, J, D: tl.constexpr, X, eps, scale,
+                 H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                  BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                  FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr,
                  ROPE: tl.constexpr):
@@ -143,7 +149,7 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
 def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod, sdb, sdn, sdh, sdd,
                       sct, scj, sst, ssj,
-                      H, M, J, D: tl.constexpr, X, eps, scale,
+                      H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
                       LOWP: tl.constexpr):
@@ -238,7 +244,7 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
 def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
                     skb, skn, skh, skd, svb, svn, svh, svd,
                     sdkb, sdkn, sdkh, sdkd, sdvb, sdvn, sdvh, sdvd, sct, scj, sst, ssj,
-                    H, M, J, D: tl.constexpr, X,
+                    H, M, J, D: tl.constexpr, X: tl.constexpr,
                     BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                     FEATURE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, LOWP: tl.constexpr):
     bh = tl.program_id(0)

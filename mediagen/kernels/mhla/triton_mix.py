@@ -5,6 +5,9 @@ mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~
                   (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE).
 mix_grad_kernel:  part[bh, t, i, j] = sum_{x in tile t} L[bh, i, x] * R[bh, j, x]   (dMc = dS~ . S),
                   split over column tiles so the long reduction (X = D*D + D) runs in parallel.
+X is a compile-time constant so that row starts are known to be 16-byte aligned where they are (X = 5,256
+at D = 72 is a multiple of 8, not of the 16 that Triton's run-time specialisation checks) and rows move in
+16-byte accesses.
 """
 
 import triton
@@ -12,7 +15,7 @@ import triton.language as tl
 
 
 @triton.jit
-def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, X,
+def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, X: tl.constexpr,
                BM: tl.constexpr, BK: tl.constexpr, BX: tl.constexpr, IEEE: tl.constexpr):
     bh = tl.program_id(0)
     x = tl.program_id(1) * BX + tl.arange(0, BX)
@@ -38,7 +41,7 @@ def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, X,
 
 
 @triton.jit
-def mix_grad_kernel(L, R, PART, M, X, NT, XT,
+def mix_grad_kernel(L, R, PART, M, X: tl.constexpr, NT, XT,
                     BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     bh = tl.program_id(0)
     t = tl.program_id(1)
