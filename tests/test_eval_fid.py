@@ -141,6 +141,35 @@ def test_fid_cli_on_samples_with_mnist_reference(tmp_path, digits):
     assert main(["fid", "--samples", str(npz), "--reference", str(other), "--features", "mnist"]) == 2
 
 
+def test_fid_of_disjoint_splits(tmp_path, capsys, mnist_fx, digits):
+    """--splits K scores K disjoint equal parts: each part's FID is the FID of those samples alone, the parts
+    differ (they hold different digits), and a part below the feature dimension is refused before any work."""
+    from mediagen.cli import main
+    from mediagen.eval.fid import split_fids
+    from mediagen.eval.reference import load_reference
+
+    npz, out = tmp_path / "samples.npz", tmp_path / "fid.json"
+    np.savez(npz, images=digits[8000:8450])
+    rc = main(["fid", "--samples", str(npz), "--reference", "mnist", "--reference-num", "1000", "--splits", "3",
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    got = json.loads(out.read_text())
+    assert got["split_size"] == 150 and len(got["split_fids"]) == 3
+    ref = load_reference("mnist", mnist_fx, 64, 1000, False)
+    feats = extract_features(digits[8000:8450], mnist_fx, progress=False)
+    for i, value in enumerate(got["split_fids"]):
+        assert value == pytest.approx(fid_from_features(feats[150 * i:150 * (i + 1)], ref.mu, ref.sigma), rel=1e-9)
+    assert len(set(np.round(got["split_fids"], 6))) == 3
+    assert "disjoint parts of 150" in capsys.readouterr().out
+    # 450 / 4 = 112 samples per part for 128-d features; a split count below 2
+    assert main(["fid", "--samples", str(npz), "--splits", "4", "--quiet"]) == 2
+    assert "samples per split" in capsys.readouterr().err
+    assert main(["fid", "--samples", str(npz), "--splits", "1", "--quiet"]) == 2
+    assert "--splits=1 is not allowed" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="splits=1"):
+        split_fids(feats, ref.mu, ref.sigma, 1)
+
+
 def test_checkpoint_without_pipeline_is_a_clear_error(tmp_path, capsys):
     from mediagen.cli import main
 

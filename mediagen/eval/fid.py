@@ -99,3 +99,16 @@ def fid_from_features(feats, ref_mu, ref_sigma, features: str = "") -> float:
     check_enough_samples(len(feats), np.asarray(feats).shape[1], "samples", features)
     mu, sigma = feature_stats(feats)
     return frechet_distance(mu, sigma, ref_mu, ref_sigma)
+
+
+def split_fids(feats, ref_mu, ref_sigma, splits: int, features: str = "") -> list[float]:
+    """FID of each of ``splits`` disjoint, equal, consecutive parts of the samples (a remainder is left out):
+    the spread of the estimate at n / splits samples. FID is biased upwards at smaller n, so these are
+    comparable with each other and with another model's splits of the same size, not with the full FID.
+    Two models sampled with the same seeds and labels pair up split by split."""
+    feats = np.asarray(feats)
+    if splits < 2:
+        raise ValueError(f"splits={splits} is not allowed: use 2 or more disjoint parts")
+    size = len(feats) // splits
+    check_enough_samples(size, feats.shape[1], "samples per split", features)
+    return [fid_from_features(feats[i * size:(i + 1) * size], ref_mu, ref_sigma, features) for i in range(splits)]

@@ -34,6 +34,9 @@ def register(sub):
     p.add_argument("--prompts", default=None, help="prompt file (one per line) for text-to-image checkpoints")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (pipeline default when omitted)")
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (pipeline default when omitted)")
+    p.add_argument("--splits", type=int, default=None,
+                   help="also score this many disjoint equal parts of the samples (FID per part, mean and spread): "
+                        "how much the estimate moves at that sample size")
     p.add_argument("--kid-subsets", type=int, default=100)
     p.add_argument("--kid-subset-size", type=int, default=1000)
     p.add_argument("--save-samples", default=None, help="also write the sampled images as PNG files into this folder, or into one .npz (uint8, key images)")
@@ -49,12 +52,16 @@ def _positive(name, value):
 
 
 def run(args) -> int:
-    from .fid import check_enough_samples, extract_features, fid_from_features, kernel_distance
+    import numpy as np
+
+    from .fid import check_enough_samples, extract_features, fid_from_features, kernel_distance, split_fids
     from .features import get_extractor
     from .reference import load_reference, save_reference_stats
 
     for name in ("num_samples", "batch_size", "reference_num", "kid_subsets", "kid_subset_size"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.splits is not None and args.splits < 2:
+        raise ValueError(f"--splits={args.splits} is not allowed: use 2 or more disjoint parts")
     features = args.features or default_features(args.reference)
     progress = not args.quiet
     t0 = time.perf_counter()
@@ -63,6 +70,8 @@ def run(args) -> int:
     dim = FEATURE_DIMS[features]
     if args.num_samples is not None:
         check_enough_samples(args.num_samples, dim, "samples", features)
+        if args.splits:
+            check_enough_samples(args.num_samples // args.splits, dim, "samples per split", features)
     extractor = get_extractor(features, args.device, args.inception_weights)
 
     if args.samples:
@@ -84,6 +93,8 @@ def run(args) -> int:
 
             save_images(images, args.save_samples)
     check_enough_samples(len(images), dim, "samples", features)
+    if args.splits:
+        check_enough_samples(len(images) // args.splits, dim, "samples per split", features)
 
     ref = load_reference(args.reference, extractor, args.batch_size, args.reference_num, progress)
     if args.save_reference_stats:
@@ -96,7 +107,14 @@ def run(args) -> int:
     result = {"fid": fid, "kid": kid, "features": features, "feature_dim": dim, "num_samples": len(feats),
               "num_reference": ref.n, "samples": str(source), "reference": str(args.reference),
               "seconds": round(time.perf_counter() - t0, 2)}
+    if args.splits:
+        parts = split_fids(feats, ref.mu, ref.sigma, args.splits, features)
+        result.update(split_fids=parts, split_size=len(feats) // args.splits)
     print(f"FID ({features}, {len(feats)} samples vs {ref.n} reference): {fid:.4f}")
+    if args.splits:
+        print(f"FID of {args.splits} disjoint parts of {len(feats) // args.splits}: "
+              + ", ".join(f"{x:.4f}" for x in parts)
+              + f" (mean {np.mean(parts):.4f}, standard deviation {np.std(parts, ddof=1):.4f})")
     print("KID: " + (f"{kid:.6f}" if kid is not None else "n/a (reference statistics hold no features)"))
     if args.out:
         write_json_report(args.out, result)
