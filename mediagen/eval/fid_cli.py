@@ -54,7 +54,7 @@ def _positive(name, value):
 def run(args) -> int:
     import numpy as np
 
-    from .fid import check_enough_samples, extract_features, fid_from_features, kernel_distance, split_fids
+    from .fid import extract_features, fid_from_features, kernel_distance, split_fids
     from .features import get_extractor
     from .reference import load_reference, save_reference_stats
 
@@ -69,9 +69,7 @@ def run(args) -> int:
     # Cheap checks first: nothing is sampled or embedded when the run cannot give a valid FID.
     dim = FEATURE_DIMS[features]
     if args.num_samples is not None:
-        check_enough_samples(args.num_samples, dim, "samples", features)
-        if args.splits:
-            check_enough_samples(args.num_samples // args.splits, dim, "samples per split", features)
+        _check_counts(args.num_samples, dim, args.splits, features)
     extractor = get_extractor(features, args.device, args.inception_weights)
 
     if args.samples:
@@ -84,7 +82,7 @@ def run(args) -> int:
 
         prompts = _read_lines(args.prompts) if args.prompts else None
         n = args.num_samples or 1000
-        check_enough_samples(n, dim, "samples", features)
+        _check_counts(n, dim, args.splits, features)
         images = sample_images(args.checkpoint, n, args.batch_size, args.seed, args.device, prompts=prompts,
                                progress=progress, num_inference_steps=args.steps, guidance_scale=args.guidance)
         source = args.checkpoint
@@ -92,9 +90,7 @@ def run(args) -> int:
             from .image_io import save_images
 
             save_images(images, args.save_samples)
-    check_enough_samples(len(images), dim, "samples", features)
-    if args.splits:
-        check_enough_samples(len(images) // args.splits, dim, "samples per split", features)
+    _check_counts(len(images), dim, args.splits, features)
 
     ref = load_reference(args.reference, extractor, args.batch_size, args.reference_num, progress)
     if args.save_reference_stats:
@@ -119,6 +115,15 @@ def run(args) -> int:
     if args.out:
         write_json_report(args.out, result)
     return 0
+
+
+def _check_counts(n: int, dim: int, splits, features: str) -> None:
+    """Enough samples for a full-rank FID, overall and in each of ``splits`` parts (checked before any work)."""
+    from .fid import check_enough_samples
+
+    check_enough_samples(n, dim, "samples", features)
+    if splits:
+        check_enough_samples(n // splits, dim, "samples per split", features)
 
 
 def default_features(reference: str) -> str:
