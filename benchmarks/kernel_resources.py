@@ -6,7 +6,9 @@ compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas r
     python benchmarks/kernel_resources.py --head-dim 256 --fp32-rope        # the largest chunked tiles
 
 The last column counts global loads and stores that move one 2-byte element per instruction (from the
-PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way.
+PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way. Token tensors are laid
+out as a launch at DiT-XL/2 512 px would pass them (contiguous (8, 1024, 16, D)): their strides divided as
+the launcher divides them (triton_op.stride_unit), which is what decides that alignment at D = 72.
 
 Occupancy bounds what a memory-bound kernel can keep in flight: an H100/H200 multiprocessor has
 65,536 registers and 227 KiB of shared memory, so a program of W warps using R registers per thread
@@ -92,9 +94,25 @@ def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict
                 warps=warps, stages=stages, ctas_per_sm=min(by_regs, by_smem))
 
 
+def row_stride_args(fn, D: int) -> dict:
+    """AL and the launch values of ``fn``'s batch, token and head strides of token tensors (sqb, skn, sdvh, ...)
+    for contiguous (8, 1024, 16, D) tensors, divided by AL as the launcher passes them."""
+    t = torch.empty((8, 1024, 16, D), device="meta")
+    al = T.stride_unit(t)
+    strides = dict(zip("bnh", T.row_strides(t, al)))
+    out = {"AL": al}
+    for name in fn.arg_names:
+        if re.fullmatch(r"s(q|k|v|o|g|d|dk|dv)[bnh]", name):
+            out[name] = strides[name[-1]]
+    return out
+
+
 def chunked_constexprs(name, D, fp32_rope=False, **extra):
     BD, TILE, BT, warps, stages = T._config(name, D, fp32_rope)
-    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32_rope, ROPE=fp32_rope, **extra)
+    fn = {"summary": summary_kernel, "apply": apply_kernel, "query_grad": query_grad_kernel,
+          "key_grad": key_grad_kernel}[name]
+    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32_rope, ROPE=fp32_rope, **extra,
+             **row_stride_args(fn, D))
     return c, warps, stages
 
 
@@ -125,7 +143,8 @@ def dense_constexprs(D, dtype, rope, normalize):
     f32 = dtype == torch.float32
     tiles = T.dense_settings(D, dtype, rope, normalize)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
-    consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope, **tiles)
+    consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope, **tiles,
+                  **row_stride_args(dense_forward_kernel, D))
     return consts, warps, stages
 
 

@@ -2,8 +2,9 @@
 KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
 
     python benchmarks/sweep_mhla.py [--quick]
-    python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernel's settings
+    python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernels' settings (mix and mix_grad)
     python benchmarks/sweep_mhla.py --kernels query_grad,key_grad   # only these, at Wan 480p
+    python benchmarks/sweep_mhla.py --kernels summary,apply --shape "DiT-XL/2 512px"   # at another shape
     python benchmarks/sweep_mhla.py --dense    # only the dense kernel's tiles, DiT shapes
 """
 
@@ -54,19 +55,31 @@ def kernel_calls(x):
 
 
 def sweep_mix(shapes):
-    """The mixing kernel S~ = Mc S alone (forward direction) at the chunked shapes."""
-    default = dict(T.KERNEL_CONFIGS["mix"])
+    """The mixing kernel S~ = Mc S (forward direction, bf16 summaries as forward_impl stores them) and the
+    dMc contraction alone, at the chunked shapes; the same bytes copied, for scale."""
+    default, default_grad = dict(T.KERNEL_CONFIGS["mix"]), dict(T.KERNEL_CONFIGS["mix_grad"])
     for s in shapes:
         x = chunked_inputs(s, 1)
+        sz = x["sz"]
+        mix = lambda: T.launch_mix(x["mix"], sz, 1, False, out_dtype=sz.dtype)
+        grad = lambda: T.launch_mix_grad(x["mixed"], sz, False, False)
         rows = []
-        for bx, bk, warps, stages in itertools.product((32, 64, 128, 256), (32, 64), (4, 8), (2, 3)):
+        for bx, bk, warps, stages in itertools.product((64, 128, 256), (16, 32, 64), (4, 8), (2, 3, 4)):
             T.KERNEL_CONFIGS["mix"] = dict(BX=bx, BK=bk, warps=warps, stages=stages)
-            rows.append((timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)), bx, bk, warps, stages))
+            rows.append((timed(mix), bx, bk, warps, stages))
         T.KERNEL_CONFIGS["mix"] = dict(default)
         ok = sorted(r for r in rows if not isinstance(r[0], str))
-        now = timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False))
-        print(f"{s.name} mix (M={x['M']}, X={x['sz'].shape[-1]}): best {ok[:4]}; default {default} -> {now}; "
-              f"worst {ok[-1]}", flush=True)
+        print(f"{s.name} mix (M={x['M']}, X={sz.shape[-1]}, copy of the summaries {timed(lambda: sz.clone()):.4f} ms): "
+              f"best (ms, BX, BK, warps, stages) {ok[:4]}; default {default} -> {timed(mix)}; worst {ok[-1]}",
+              flush=True)
+        rows = []
+        for xt, bk, warps, stages in itertools.product((256, 512, 1024, 2048), (32, 64, 128), (4, 8), (2, 3)):
+            T.KERNEL_CONFIGS["mix_grad"] = dict(XT=xt, BK=bk, warps=warps, stages=stages)
+            rows.append((timed(grad), xt, bk, warps, stages))
+        T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad)
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        print(f"{s.name} mix_grad: best (ms, XT, BK, warps, stages) {ok[:4]}; default {default_grad} -> "
+              f"{timed(grad)}; worst {ok[-1]}", flush=True)
 
 
 def sweep_dense(shapes, defaults):
@@ -76,10 +89,10 @@ def sweep_dense(shapes, defaults):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         mix = locality_mix(s.blocks).cuda()
         rows = []
-        for bt, bs, warps, stages in itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3)):
-            # the head dim in two tiles (DiT's 72 in bf16) takes BS, warps, stages from "dense_split"
+        for bt, bs, warps, stages in itertools.product((64, 128, 256), (32, 64), (4, 8), (2, 3)):
+            # the head dim in two tiles (DiT's 72 in bf16) takes its settings from "dense_split"
             T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=True)
-            T.KERNEL_CONFIGS["dense_split"] = dict(BS=bs, warps=warps, stages=stages)
+            T.KERNEL_CONFIGS["dense_split"] = dict(BT=bt, BS=bs, warps=warps, stages=stages)
             rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
                          bt, bs, warps, stages))
         T.KERNEL_CONFIGS["dense_split"] = dict(defaults["dense_split"])
@@ -94,8 +107,9 @@ def sweep_dense(shapes, defaults):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--mix", action="store_true", help="sweep only the block-mixing kernel")
-    ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at Wan 480p")
+    ap.add_argument("--mix", action="store_true", help="sweep only the block-mixing kernels")
+    ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at --shape")
+    ap.add_argument("--shape", default="Wan2.1-1.3B 81f 480x832", help="the shape --kernels sweeps at")
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
@@ -106,10 +120,12 @@ def main():
     if args.mix:
         sweep_mix([s for s in GPU_SHAPES if 1024 <= s.tokens <= 32768])
         return
+    if args.shape not in shapes:
+        ap.error(f"--shape={args.shape!r} is not one of {', '.join(shapes)}")
     wan, dit256, dit512 = shapes["Wan2.1-1.3B 81f 480x832"], shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]
     only = [k for k in args.kernels.split(",") if k]
     grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
-    if only:  # Wan 480p (D = 128) only: the full-width tile, finer token steps and stages
+    if only:  # one shape: the full-width tile, finer token steps and stages
         grid = list(itertools.product((128,), (16, 32, 64), (4, 8), (1, 2, 3)))
     if args.quick:
         grid = grid[::3]
@@ -118,7 +134,7 @@ def main():
     if unknown:
         ap.error(f"--kernels names unknown kernels {unknown}: choose from {', '.join(chunked)}")
     best = {}
-    for s in (wan,) if only else (wan, dit512):
+    for s in (shapes[args.shape],) if only else (wan, dit512):
         for J in (1,) if only else (1, 4):
             x = chunked_inputs(s, J)
             for name, call in kernel_calls(x).items():

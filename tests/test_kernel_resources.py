@@ -36,16 +36,18 @@ def test_reports_registers_shared_memory_and_occupancy():
         assert 1 <= ctas <= 65536 // (32 * warps * regs), name
 
 
-def test_summary_rows_are_read_in_16_byte_accesses_at_head_dim_72():
-    """DiT's head dim 72 makes a summary row D*D + D = 5,256 elements long. Passed at run time, that length is
-    not one Triton marks 16-divisible, and the kernels that read summaries then loaded S~ / dS element by
-    element (129 2-byte loads per thread in apply, 259 accesses in query_grad). As a compile-time constant it
-    keeps rows provably 16-byte aligned: what is left are the z / den vectors, one to three accesses. (The
-    summary kernel writes its rows in 2-byte stores on purpose, triton_chunked.py says why.)"""
-    proc = run("--head-dim", "72", "--kernels", "apply,query_grad,key_grad")
+def test_rows_move_in_16_byte_accesses_at_head_dim_72():
+    """DiT's head dim 72 makes two lengths that Triton's launcher does not mark 16-divisible: a summary row,
+    D*D + D = 5,256 elements, and the head stride of q, k, v and o, 72. Passed as run-time ints, the kernels
+    then moved S~ / dS rows and every token row element by element (apply: 129 2-byte accesses per thread,
+    key_grad 257, the dense kernel 180). The row length is a compile-time constant and the strides arrive
+    divided by a compile-time unit (triton_op.stride_unit): what is left are the z / den vectors, one to
+    three accesses. (The summary kernel writes its rows in 2-byte stores on purpose, triton_chunked.py
+    says why.)"""
+    proc = run("--head-dim", "72", "--kernels", "apply,query_grad,key_grad,dense")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = kernel_rows(proc.stdout)
-    assert [r[0] for r in rows] == ["apply", "query_grad", "key_grad"]
+    assert [r[0] for r in rows] == ["apply", "query_grad", "key_grad", "dense"]
     for row in rows:
         assert int(row[-1]) <= 3, row
 

@@ -156,6 +156,7 @@ def test_compiles_without_graph_breaks(device):
 @pytest.mark.skipif(not ON_GPU, reason="real sizes need a GPU")
 @pytest.mark.parametrize("B,grid,H,D,blocks", [
     (8, (16, 16), 16, 72, (4, 4)),
+    (8, (32, 32), 16, 72, (5, 5)),  # DiT-XL/2 512 px: one token step per program (the one_step settings)
     (1, (21, 30, 52), 12, 128, (3, 5, 4)),
     (1, (5, 64, 64), 4, 256, (1, 8, 8)),
     (2, (1000,), 4, 100, (7,)),
@@ -343,3 +344,40 @@ def test_rope_real_size_on_gpu(dtype):
             g = torch.randn_like(o)
             for name, a, b in zip("qkvm", torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
                 assert rel_err(a, b) < TOL[dtype], (algorithm, name)
+
+
+def test_stride_unit():
+    """The power of two the kernels' row strides are divided by: DiT's head stride 72 gives 8, Wan's 128 gives
+    16; odd strides 1; a stride that needs 64 bits 1 (divided, it would be multiplied back in 32 bits)."""
+    unit = triton_op.stride_unit
+    meta = dict(device="meta")
+    assert unit(torch.empty(8, 1024, 16, 72, **meta)) == 8
+    assert unit(torch.empty(1, 32760, 12, 128, **meta)) == 16
+    assert unit(torch.empty(8, 1024, 16, 72, **meta), torch.empty(8, 16, 1024, 76, **meta).transpose(1, 2)) == 4
+    assert unit(torch.empty(2, 45, 2, 17, **meta)[..., :16]) == 1
+    assert unit(torch.empty(1, 1, 1, 16, **meta).expand(2, 45, 2, 16)) == 16  # zero strides divide by anything
+    assert unit(torch.empty(2, 2**27, 2, 16, **meta)) == 1
+    t = torch.empty(8, 1024, 16, 72, **meta)
+    assert triton_op.row_strides(t, 8) == (1024 * 16 * 9, 16 * 9, 9, 1)
+
+
+@pytest.mark.parametrize("algorithm", ["chunked", "dense"])
+def test_rows_at_odd_strides(device, algorithm):
+    """q, k, v cut from wider rows (row strides 2 * 17 and 17: no power of two divides them) and a mix of
+    layouts: the kernels' strides, divided by the unit 1, against the reference, forward and backward."""
+    grid, blocks, H, D = (7, 9), (3, 2), 2, 16
+    N = math.prod(grid)
+    q = torch.randn(2, N, H, D + 1, device=device)[..., :D]
+    k = torch.randn(2, H, N, D, device=device).transpose(1, 2)
+    v = torch.randn(2, N, H, D, device=device)
+    assert triton_op.stride_unit(q, k, v) == 1
+    mix = torch.rand(6, 6, device=device)
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, feature_map="elu1", algorithm=algorithm)
+    r = mhla_reference(*refs, grid, blocks, feature_map="elu1")
+    assert rel_err(o, r) < 1e-4
+    g = torch.randn_like(o)
+    for name, a, b in zip("q k v mix".split(), torch.autograd.grad(o, inputs, g),
+                          torch.autograd.grad(r, refs, g.double())):
+        assert rel_err(a, b) < 1e-4, name

@@ -22,6 +22,11 @@ not), and then every S~ / dS row was read in 2-byte loads (129 per thread in app
 bytes, `benchmarks/kernel_resources.py`). The summary kernel keeps a run-time X on purpose: its 16-byte
 stores first move the accumulator out of the tensor-core layout through shared memory, and at DiT-XL/2
 512 px that made it 200 us against 119 us with 2-byte stores (H200, benchmarks/RESULTS.md).
+AL: the batch, token and head strides of q, k, v and their outputs arrive divided by AL (a power of two up to
+16 dividing all of them, triton_op.stride_unit) and are multiplied back here, so that the compiler knows
+each token row starts 16-byte aligned. Without it, at DiT's head dim 72 the head stride 72 is not one
+Triton marks 16-divisible at launch, and every q, k, v, o row moved in 2-byte accesses
+(`benchmarks/kernel_resources.py` counts them: 129 per thread in apply, 257 in key_grad).
 Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
 Row sums run on the tensor cores as products with a one-hot column (``first_column``): z = sum phi(k_s)
@@ -45,7 +50,9 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
                    skb, skn, skh, skd, svb, svn, svh, svd, sct, scj, sst, ssj,
                    H, MJ, J, D: tl.constexpr, X,
                    BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                   FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr):
+                   FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
+                   AL: tl.constexpr):
+    skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL  # (AL: module doc)
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -94,9 +101,10 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
                  H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                  BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                  FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr,
-                 ROPE: tl.constexpr):
+                 ROPE: tl.constexpr, AL: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (S~ rounded once to it, ~2^-9
     # relative per entry); otherwise fp32 operands (tf32 or IEEE).
+    sqb, sqn, sqh, sob, son, soh = sqb * AL, sqn * AL, sqh * AL, sob * AL, son * AL, soh * AL
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -152,10 +160,12 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
-                      LOWP: tl.constexpr):
+                      LOWP: tl.constexpr, AL: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation.
     # P = g S~^T is the numerator's gradient times den; with one column tile (TILE == BD) it also gives
     # delta_t = g_t.o_t = qn_t.P_t / den_t, so o is read only when the head dim spans several tiles.
+    sqb, sqn, sqh, sgb, sgn, sgh = sqb * AL, sqn * AL, sqh * AL, sgb * AL, sgn * AL, sgh * AL
+    sob, son, soh, sdb, sdn, sdh = sob * AL, son * AL, soh * AL, sdb * AL, sdn * AL, sdh * AL
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)
@@ -246,7 +256,10 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
                     sdkb, sdkn, sdkh, sdkd, sdvb, sdvn, sdvh, sdvd, sct, scj, sst, ssj,
                     H, M, J, D: tl.constexpr, X: tl.constexpr,
                     BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                    FEATURE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, LOWP: tl.constexpr):
+                    FEATURE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, LOWP: tl.constexpr,
+                    AL: tl.constexpr):
+    skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL
+    sdkb, sdkn, sdkh, sdvb, sdvn, sdvh = sdkb * AL, sdkn * AL, sdkh * AL, sdvb * AL, sdvn * AL, sdvh * AL
     bh = tl.program_id(0)
     ij = tl.program_id(1)
     tile = tl.program_id(2)

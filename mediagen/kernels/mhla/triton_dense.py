@@ -57,7 +57,10 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
                          BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                          BM: tl.constexpr, ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
                          NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
-                         IEEE: tl.constexpr, ROPE: tl.constexpr):
+                         IEEE: tl.constexpr, ROPE: tl.constexpr, AL: tl.constexpr):
+    # row strides arrive divided by AL (triton_chunked.py's module doc says why)
+    sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
+    svb, svn, svh, sob, son, soh = svb * AL, svn * AL, svh * AL, sob * AL, son * AL, soh * AL
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H

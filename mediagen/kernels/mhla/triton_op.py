@@ -53,15 +53,26 @@ def _num_sms(device_index: int) -> int:
 # rounded once to it) instead of tf32 products of fp32 copies; on the H200 that made the Wan 480p
 # forward 12% and forward+backward 25% faster (benchmarks/RESULTS.md) within the bf16 error bound.
 KERNEL_CONFIGS = {
-    "summary": dict(TILE=128, BT=64, warps=8, stages=3),
+    # one_step: the settings when each program takes one token step (DiT-XL/2 at 512 px: 64-token blocks),
+    # where the pipeline's shared-memory staging only delays the one load (H200, sweep_mhla.py --kernels
+    # summary,apply,key_grad --shape "DiT-XL/2 512px", twelfth session: summary 64.6 -> 38.3 us,
+    # key_grad 60.2 -> 52.0 us; apply's best, 2 stages, was within 7% of its default and stays)
+    "summary": dict(TILE=128, BT=64, warps=8, stages=3, one_step=dict(stages=1)),
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
     "query_grad": dict(TILE=128, BT=16, warps=4, stages=2, lowp=True),
-    "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
+    "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1)),
     "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
-    # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 22.4 us with
-    # these against 24.9 at 128 queries, 4 warps, 3 stages (benchmarks/RESULTS.md, tenth session)
-    "dense_split": dict(BT=256, BS=32, warps=8, stages=2),
-    "mix": dict(BX=64, BK=32, warps=4, stages=2),  # BX summary columns per program, BK blocks per step
+    # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 15.8 us, the best
+    # of `python benchmarks/sweep_mhla.py --dense` once rows were read 16-byte aligned (twelfth session;
+    # 32 keys per step with 3 stages: 16.4 us; benchmarks/RESULTS.md)
+    "dense_split": dict(BT=256, BS=64, warps=8, stages=2),
+    # BK blocks per step; BX summary columns per program = acc // BM (the padded block count), in 64 .. 256:
+    # an accumulator of the same size at every M (sweep_mhla.py --mix, twelfth session: at DiT-XL/2 512 px
+    # 24.2 -> 11.8 us with 256 columns and 16 blocks per step, at Wan 480p 40.1 -> 35.0 with 64 and 16)
+    "mix": dict(acc=4096, BK=16, warps=4, stages=3),
+    # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
+    # against 1,024 and 32: sweep_mhla.py --mix, twelfth session)
+    "mix_grad": dict(XT=512, BK=64, warps=4, stages=3),
 }
 
 
@@ -77,10 +88,12 @@ def _lowp(name: str, dtype) -> bool:
     return KERNEL_CONFIGS[name].get("lowp", False) and dtype != torch.float32 and not _interpreting()
 
 
-def _config(name: str, D: int, fp32_rope: bool = False):
+def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None):
     """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32_rope``: fp32 inputs
     with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128,
-    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`)."""
+    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`).
+    ``tokens``: the most tokens one program walks, when known; when that is one token step, the kernel's
+    ``one_step`` settings apply."""
     c = KERNEL_CONFIGS[name]
     BD = max(16, triton.next_power_of_2(D))
     if BD < 128 or (BD == 128 and not fp32_rope):
@@ -90,6 +103,8 @@ def _config(name: str, D: int, fp32_rope: bool = False):
     # keep each program's D x TILE fp32 tiles within 128 x 128 (D = 256: 64 columns per program);
     # wider ones run out of shared memory on the H200 in fp32
     TILE = min(BD, c["TILE"], 16384 // BD)
+    if tokens is not None and tokens <= BT:
+        c = {**c, **c.get("one_step", {})}
     return BD, TILE, BT, c["warps"], c["stages"]
 
 
@@ -139,16 +154,47 @@ def _token_blocks_int32(grid, blocks, device):
     return hit
 
 
-def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None):
+def stride_unit(*tensors) -> int:
+    """The largest power of two up to 16 that divides every batch, token and head stride of these
+    (B, N, H, D) tensors. The kernels take those strides divided by it (``row_strides``) and multiply them
+    back by it as a compile-time constant (AL), so the compiler knows where rows may start: Triton marks a
+    run-time int only as 16-divisible or not, and DiT's head stride 72 is not (triton_chunked.py).
+    1 when a stride needs 64 bits: divided, it could arrive as a 32-bit int and overflow when multiplied back."""
+    g = 0
+    for t in tensors:
+        for s in t.stride()[:3]:
+            if s >= 2**31:
+                return 1
+            g = math.gcd(g, s)
+    return 16 if g == 0 else min(16, g & -g)
+
+
+def row_strides(t, unit):
+    """(batch, token, head strides divided by ``unit``, head-dim stride) of a (B, N, H, D) tensor."""
+    b, n, h, d = t.stride()
+    return b // unit, n // unit, h // unit, d
+
+
+def _tokens_per_program(largest, J, dtype):
+    """The most tokens one program walks (blocks of at most ``largest`` in J splits), for ``_config``'s
+    one_step settings; None for fp32 inputs, whose wider tiles those settings were not measured with (and
+    with RoPE spill registers, `benchmarks/kernel_resources.py`)."""
+    return None if largest is None or dtype == torch.float32 else -(-largest // J)
+
+
+def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
+    """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings)."""
     B, N, H, D = k.shape
-    BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and k.dtype == torch.float32)
+    BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and k.dtype == torch.float32,
+                                          _tokens_per_program(largest, J, k.dtype))
     X = D * D + D
     sz = _new((B, H, M * J, X), k, summary_dtype(k.dtype))
     tables, tstrides, rope = _rope_args(cos, sin, k)
+    al = stride_unit(k, v)
     summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, sz, order, offsets, *tables, *k.stride(), *v.stride(), *tstrides, H, M * J, J, D, X,
+        k, v, sz, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *tstrides, H, M * J, J, D, X,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
-        IEEE=k.dtype == torch.float32, ROPE=rope, num_warps=warps, num_stages=stages)
+        IEEE=k.dtype == torch.float32, ROPE=rope, AL=al, num_warps=warps, num_stages=stages)
     return sz
 
 
@@ -164,8 +210,9 @@ def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32):
     out = _new((B, H, M, X), src, out_dtype)
     BM = min(64, max(16, triton.next_power_of_2(M)))
     c = KERNEL_CONFIGS["mix"]
-    mix_kernel[(B * H, triton.cdiv(X, c["BX"]), triton.cdiv(M, BM))](
-        m, src, out, sah, sai, saj, H, M, K, J, X, BM=BM, BK=c["BK"], BX=c["BX"], IEEE=ieee,
+    BX = c.get("BX") or min(256, max(64, c["acc"] // BM))  # (an explicit BX: the sweep's)
+    mix_kernel[(B * H, triton.cdiv(X, BX), triton.cdiv(M, BM))](
+        m, src, out, sah, sai, saj, H, M, K, J, X, BM=BM, BK=c["BK"], BX=BX, IEEE=ieee,
         num_warps=c["warps"], num_stages=c["stages"])
     return out
 
@@ -173,12 +220,14 @@ def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32):
 def launch_mix_grad(dmixed, block_sz, per_head, ieee):
     """dMc: (H, M, M) per head or (M, M) shared, = sum over batch (and heads) of dS~ @ S^T."""
     B, H, M, X = dmixed.shape
-    XT = 1024
+    c = KERNEL_CONFIGS["mix_grad"]
+    XT = c["XT"]
     NT = triton.cdiv(X, XT)
     BM = min(64, max(16, triton.next_power_of_2(M)))
     part = torch.empty((B, H, NT, M, M), device=dmixed.device, dtype=torch.float32)
     mix_grad_kernel[(B * H, NT, triton.cdiv(M, BM) ** 2)](
-        dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=32, IEEE=ieee, num_warps=4)
+        dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c["BK"], IEEE=ieee, num_warps=c["warps"],
+        num_stages=c["stages"])
     return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
 
 
@@ -187,10 +236,12 @@ def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, c
     BD, TILE, BT, warps, stages = _config("apply", D, cos is not None and q.dtype == torch.float32)
     o = _new((B, N, H, D), q, q.dtype)
     tables, tstrides, rope = _rope_args(cos, sin, q)
+    al = stride_unit(q, o)
     apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, mixed, o, order, offsets, *tables, *q.stride(), *o.stride(), *tstrides, H, M, J, D, D * D + D, eps,
-        scale, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
-        LOWP=_lowp("apply", q.dtype), ROPE=rope, num_warps=warps, num_stages=stages)
+        q, mixed, o, order, offsets, *tables, *row_strides(q, al), *row_strides(o, al), *tstrides, H, M, J, D,
+        D * D + D, eps, scale, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize,
+        IEEE=q.dtype == torch.float32, LOWP=_lowp("apply", q.dtype), ROPE=rope, AL=al, num_warps=warps,
+        num_stages=stages)
     return o
 
 
@@ -227,6 +278,8 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
     if BD2:  # both pieces below 128 columns: settings of their own
         split = KERNEL_CONFIGS["dense_split"]
         BT, BS, warps, stages = split["BT"], split["BS"], split["warps"], split["stages"]
+        if rope:  # its rotated copies: 64-key steps spill 264 bytes at D = 72 (32: 8; kernel_resources.py)
+            BS = min(BS, 32)
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < BD + BD2,
                 warps=warps, stages=stages)
 
@@ -242,12 +295,13 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     o = _new((B, N, H, D), q, q.dtype)
     mixf = mix.float().contiguous()
     tables, tstrides, rope = _rope_args(cos, sin, q)
+    al = stride_unit(q, k, v, o)
     dense_forward_kernel[(B * H, triton.cdiv(N, tiles["BT"]))](
         q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *tstrides,
+        *row_strides(q, al), *row_strides(k, al), *row_strides(v, al), *row_strides(o, al), *tstrides,
         N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale, **tiles, BM=BM, ONEHOT=c["onehot"] and M <= 128,
         FEATURE=fcode, NORMALIZE=normalize,
-        DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, num_warps=warps, num_stages=stages)
+        DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, num_warps=warps, num_stages=stages)
     return o
 
 
@@ -258,24 +312,28 @@ def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scal
     dq = _new((B, N, H, D), q, q.dtype)
     dsz_part = _new((B, H, M * J, X), q, summary_dtype(q.dtype))
     tables, tstrides, rope = _rope_args(cos, sin, q)
+    al = stride_unit(q, g, o, dq)
     query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *q.stride(), *g.stride(), *o.stride(),
-        *dq.stride(), *tstrides, H, M, J, D, X, eps, scale,
+        q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *row_strides(q, al), *row_strides(g, al),
+        *row_strides(o, al), *row_strides(dq, al), *tstrides, H, M, J, D, X, eps, scale,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
-        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), num_warps=warps, num_stages=stages)
+        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), AL=al, num_warps=warps, num_stages=stages)
     return dq, dsz_part
 
 
-def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None):
+def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
     B, N, H, D = k.shape
-    BD, TILE, BT, warps, stages = _config("key_grad", D, cos is not None and k.dtype == torch.float32)
+    BD, TILE, BT, warps, stages = _config("key_grad", D, cos is not None and k.dtype == torch.float32,
+                                          _tokens_per_program(largest, J, k.dtype))
     dk = _new((B, N, H, D), k, k.dtype)
     dv = _new((B, N, H, D), v, v.dtype)
     tables, tstrides, rope = _rope_args(cos, sin, k)
+    al = stride_unit(k, v, dk, dv)
     key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, dsz, dk, dv, order, offsets, *tables, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
-        *tstrides, H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=k.dtype == torch.float32,
-        ROPE=rope, LOWP=_lowp("key_grad", k.dtype), num_warps=warps, num_stages=stages)
+        k, v, dsz, dk, dv, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *row_strides(dk, al),
+        *row_strides(dv, al), *tstrides, H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode,
+        IEEE=k.dtype == torch.float32, ROPE=rope, LOWP=_lowp("key_grad", k.dtype), AL=al, num_warps=warps,
+        num_stages=stages)
     return dk, dv
 
 
@@ -288,8 +346,8 @@ def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale,
     if algorithm == "dense":
         o = launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos, sin)
         return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
-    order, offsets, _ = block_token_lists(grid, blocks, q.device)
-    sz = launch_summary(k, v, order, offsets, M, splits, fcode, cos, sin)
+    order, offsets, largest = block_token_lists(grid, blocks, q.device)
+    sz = launch_summary(k, v, order, offsets, M, splits, fcode, cos, sin, largest)
     # the apply rounds S~ to the input dtype for its products, so S~ is stored as the summaries are
     mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32, out_dtype=sz.dtype)
     o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode, cos, sin)
@@ -305,9 +363,9 @@ def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, f
     M, J, X = math.prod(blocks), splits, D * D + D
     fcode = FEATURE_CODES[feature_map]
     ieee = q.dtype == torch.float32
-    order, offsets, _ = block_token_lists(grid, blocks, q.device)
+    order, offsets, largest = block_token_lists(grid, blocks, q.device)
     if sz.numel() == 0:  # the dense forward kept no summaries
-        sz = launch_summary(k, v, order, offsets, M, J, fcode, cos, sin)
+        sz = launch_summary(k, v, order, offsets, M, J, fcode, cos, sin, largest)
         mixed = launch_mix(mix, sz, J, ieee, out_dtype=sz.dtype)
     dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos, sin)
     # dS~ per query block (split parts summed in fp32)
@@ -315,7 +373,7 @@ def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, f
     dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True, out_dtype=dsz_part.dtype)  # dS_b = Mc^T dS~
     block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
     dmix = launch_mix_grad(dmixed, block_sz, mix.dim() == 3, ieee)       # dMc_ib = <dS~_i, S_b>
-    dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos, sin)
+    dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos, sin, largest)
     return dq, dk, dv, dmix.to(mix.dtype)
 
 
