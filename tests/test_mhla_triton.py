@@ -363,8 +363,9 @@ def test_stride_unit():
 
 @pytest.mark.parametrize("algorithm", ["chunked", "dense"])
 def test_rows_at_odd_strides(device, algorithm):
-    """q, k, v cut from wider rows (row strides 2 * 17 and 17: no power of two divides them) and a mix of
-    layouts: the kernels' strides, divided by the unit 1, against the reference, forward and backward."""
+    """q cut from wider rows (token and head strides 2 * 17 and 17: no power of two divides them, so every
+    kernel that reads q runs with the unit 1), k transposed and v contiguous (the summary kernel's unit 16),
+    against the reference, forward and backward."""
     grid, blocks, H, D = (7, 9), (3, 2), 2, 16
     N = math.prod(grid)
     q = torch.randn(2, N, H, D + 1, device=device)[..., :D]
