@@ -382,3 +382,18 @@ def test_rows_at_odd_strides(device, algorithm):
     for name, a, b in zip("q k v mix".split(), torch.autograd.grad(o, inputs, g),
                           torch.autograd.grad(r, refs, g.double())):
         assert rel_err(a, b) < 1e-4, name
+
+
+def test_one_step_settings_apply_only_to_single_step_half_precision_programs():
+    """KERNEL_CONFIGS' one_step settings replace a kernel's warps and stages only when every program walks one
+    token step (DiT-XL/2 512 px: 64-token blocks) and the inputs are half precision; Wan's 546-token blocks,
+    token splits that leave more than one step, and fp32 inputs keep the defaults."""
+    c = triton_op.KERNEL_CONFIGS["summary"]
+    one = {**c, **c["one_step"]}
+    per_program = triton_op._tokens_per_program
+    assert triton_op._config("summary", 72, tokens=per_program(64, 1, torch.bfloat16))[3:] == (one["warps"],
+                                                                                              one["stages"])
+    assert triton_op._config("summary", 128, tokens=per_program(546, 1, torch.bfloat16))[3:] == (c["warps"],
+                                                                                                c["stages"])
+    assert per_program(546, 9, torch.bfloat16) == 61 and per_program(64, 1, torch.float32) is None
+    assert triton_op._config("summary", 72, tokens=None)[3:] == (c["warps"], c["stages"])
