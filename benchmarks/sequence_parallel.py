@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import os
@@ -610,6 +611,16 @@ def parse_args(argv=None):
     return args
 
 
+def close_process_groups():
+    """Destroy every process group while the interpreter is still whole. diffusers' context
+    parallelism keeps DeviceMeshes, each holding its process groups, in reference cycles: without the
+    collection they outlive destroy_process_group(), and a gloo group destroyed only at interpreter
+    exit can abort the process there (pytorch/pytorch#190489; the CPU smoke run lost rank 1 to SIGABRT
+    in about one run in six)."""
+    gc.collect()
+    dist.destroy_process_group()
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.backend == "gloo":  # the Triton kernels run in their interpreter on CPU tensors
@@ -669,7 +680,7 @@ def main(argv=None):
                 (out / "sequence_parallel.md").write_text(text + "\n")
                 (out / "sequence_parallel.json").write_text(json.dumps(result, indent=1) + "\n")
     finally:
-        dist.destroy_process_group()
+        close_process_groups()
 
 
 if __name__ == "__main__":
