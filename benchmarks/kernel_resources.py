@@ -4,6 +4,7 @@ compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas r
     python benchmarks/kernel_resources.py [--head-dim 128] [--kernels summary,query_grad]
     python benchmarks/kernel_resources.py --head-dim 256 --dense-variants   # every dense-kernel tiling
     python benchmarks/kernel_resources.py --head-dim 256 --fp32-rope        # the largest chunked tiles
+    python benchmarks/kernel_resources.py --head-dim 72 --fp32              # fp32 inputs (exact fp32 dots)
 
 The last column counts global loads and stores that move one 2-byte element per instruction (from the
 PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way. Token tensors are laid
@@ -107,28 +108,30 @@ def row_stride_args(fn, D: int) -> dict:
     return out
 
 
-def chunked_constexprs(name, D, fp32_rope=False, **extra):
-    BD, TILE, BT, warps, stages = T._config(name, D, fp32_rope)
+def chunked_constexprs(name, D, fp32=False, rope=False, **extra):
+    """(constexprs, warps, stages) of a chunked kernel as its launcher would launch it: fp32 inputs
+    multiply exactly (IEEE dots), and with RoPE too they take the smaller fp32-with-RoPE tiles."""
+    BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope)
     fn = {"summary": summary_kernel, "apply": apply_kernel, "query_grad": query_grad_kernel,
           "key_grad": key_grad_kernel}[name]
-    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32_rope, ROPE=fp32_rope, **extra,
+    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, **extra,
              **row_stride_args(fn, D))
     return c, warps, stages
 
 
-def reports(D: int, only=(), fp32_rope=False):
-    """{kernel name: report} at head dim D, ReLU features, normalised: bf16 inputs without RoPE, or
-    (``fp32_rope``) fp32 inputs with RoPE, whose rotated copies make the chunked kernels' largest tiles."""
-    lowp = not fp32_rope
-    io = {name: "fp32" for name, t in POINTERS.items() if t == "bf16"} if fp32_rope else None
-    dtype = torch.float32 if fp32_rope else torch.bfloat16
+def reports(D: int, only=(), fp32=False, rope=False):
+    """{kernel name: report} at head dim D, ReLU features, normalised: bf16 or (``fp32``) fp32 inputs,
+    with or without RoPE. fp32 with RoPE gives the chunked kernels their largest tiles."""
+    lowp = not fp32
+    io = {name: "fp32" for name, t in POINTERS.items() if t == "bf16"} if fp32 else None
+    dtype = torch.float32 if fp32 else torch.bfloat16
     plans = {
-        "summary": (summary_kernel, chunked_constexprs("summary", D, fp32_rope, DOT_F32=fp32_rope), io),
-        "apply": (apply_kernel, chunked_constexprs("apply", D, fp32_rope, NORMALIZE=True, LOWP=lowp), io),
-        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, fp32_rope, NORMALIZE=True, LOWP=lowp),
+        "summary": (summary_kernel, chunked_constexprs("summary", D, fp32, rope, DOT_F32=fp32), io),
+        "apply": (apply_kernel, chunked_constexprs("apply", D, fp32, rope, NORMALIZE=True, LOWP=lowp), io),
+        "query_grad": (query_grad_kernel, chunked_constexprs("query_grad", D, fp32, rope, NORMALIZE=True, LOWP=lowp),
                        io),
-        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, fp32_rope, LOWP=lowp), io),
-        "dense": (dense_forward_kernel, dense_constexprs(D, dtype, rope=fp32_rope, normalize=True), io),
+        "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, fp32, rope, LOWP=lowp), io),
+        "dense": (dense_forward_kernel, dense_constexprs(D, dtype, rope=rope, normalize=True), io),
     }
     out = {}
     for name, (fn, (consts, warps, stages), pointers) in plans.items():
@@ -170,6 +173,7 @@ def main():
     ap.add_argument("--kernels", default="", help=f"comma list of {', '.join(KERNELS)}")
     ap.add_argument("--fp32-rope", action="store_true",
                     help="fp32 inputs with RoPE (the largest tiles) instead of bf16 inputs without")
+    ap.add_argument("--fp32", action="store_true", help="fp32 inputs without RoPE (exact fp32 products)")
     ap.add_argument("--dense-variants", action="store_true",
                     help="the dense kernel only, for bf16 and fp32 inputs, with and without RoPE and normalisation")
     args = ap.parse_args()
@@ -187,11 +191,14 @@ def main():
             print(f"| {element} | {rope} | {normalize} | {r['registers']} | {r['spill_bytes']} | "
                   f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
         return
-    inputs = "fp32 inputs with RoPE" if args.fp32_rope else "bf16 inputs"
+    if args.fp32 and args.fp32_rope:
+        ap.error("--fp32 and --fp32-rope: give one (--fp32 is fp32 inputs without RoPE)")
+    fp32 = args.fp32 or args.fp32_rope
+    inputs = "fp32 inputs with RoPE" if args.fp32_rope else "fp32 inputs" if args.fp32 else "bf16 inputs"
     print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, {inputs}\n")
     print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM | 2-byte global accesses |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, r in reports(args.head_dim, only, args.fp32_rope).items():
+    for name, r in reports(args.head_dim, only, fp32, rope=args.fp32_rope).items():
         print(f"| {name} | {r['warps']} | {r['stages']} | {r['registers']} | {r['spill_bytes']} | "
               f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['narrow']} |")
 
