@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -70,12 +72,17 @@ def test_dense_kernel_tilings_fit_shared_memory():
         assert float(smem_kib) <= 227 and int(ctas) >= 1, (element, rope, normalize, smem_kib)
 
 
-def test_chunked_kernels_fit_shared_memory_with_the_largest_tiles():
-    """fp32 inputs with RoPE at D = 256 give the chunked kernels their largest tiles; key_grad's 32-token
-    steps once asked for 256 KiB there (an OutOfResources on the H200)."""
-    proc = run("--head-dim", "256", "--fp32-rope", "--kernels", "summary,apply,query_grad,key_grad")
+@pytest.mark.parametrize("args, inputs", [
+    # fp32 inputs with RoPE at D = 256 give the chunked kernels their largest tiles; key_grad's 32-token
+    # steps once asked for 256 KiB there (an OutOfResources on the H200)
+    (("--head-dim", "256", "--fp32-rope"), "head dim 256, fp32 inputs with RoPE\n"),
+    # fp32 inputs without RoPE multiply exactly (IEEE dots) at the bf16 tiles, at DiT's head dim
+    (("--head-dim", "72", "--fp32"), "head dim 72, fp32 inputs\n"),
+])
+def test_chunked_kernels_fit_shared_memory_with_fp32_inputs(args, inputs):
+    proc = run(*args, "--kernels", "summary,apply,query_grad,key_grad")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "fp32 inputs with RoPE" in proc.stdout
+    assert inputs in proc.stdout
     rows = kernel_rows(proc.stdout)
     assert [r[0] for r in rows] == ["summary", "apply", "query_grad", "key_grad"]
     for name, warps, stages, regs, spill, smem_kib, ctas, narrow in rows:
@@ -87,17 +94,6 @@ def test_rejects_unknown_kernels_and_head_dims():
     assert proc.returncode == 2 and "unknown kernels ['softmax']" in proc.stderr
     proc = run("--head-dim", "512")
     assert proc.returncode == 2 and "--head-dim=512 is not allowed" in proc.stderr
-
-
-def test_fp32_inputs_without_rope_fit_shared_memory():
-    """fp32 inputs multiply exactly (IEEE dots) at the bf16 tiles when there is no RoPE: every chunked
-    kernel still fits a Hopper multiprocessor's shared memory at DiT's head dim."""
-    proc = run("--head-dim", "72", "--fp32", "--kernels", "summary,apply,query_grad,key_grad")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "head dim 72, fp32 inputs\n" in proc.stdout
-    rows = kernel_rows(proc.stdout)
-    assert [r[0] for r in rows] == ["summary", "apply", "query_grad", "key_grad"]
-    for name, warps, stages, regs, spill, smem_kib, ctas, narrow in rows:
-        assert float(smem_kib) <= 227 and int(ctas) >= 1, (name, smem_kib)
     proc = run("--fp32", "--fp32-rope")
     assert proc.returncode == 2 and "--fp32 and --fp32-rope: give one" in proc.stderr
+
