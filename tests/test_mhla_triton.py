@@ -202,6 +202,32 @@ def test_alternative_kernel_paths(device, monkeypatch, setting, value):
         assert rel_err(a, b) < TOL[dtype], name
 
 
+@pytest.mark.parametrize("normalize,rope,dtype", [(True, False, torch.bfloat16), (False, True, torch.float32),
+                                                  (True, True, torch.float32)])
+@pytest.mark.parametrize("flip", [False, True])
+def test_token_ids_loaded_ahead_or_not(device, monkeypatch, normalize, rope, dtype, flip):
+    """Every chunked kernel with its ``prefetch`` setting (the next step's token ids loaded during this step,
+    or not) and with the other one (flip): blocks of 30 to 36 tokens take two or three 16-token steps with a
+    ragged last one; the output and gradients against the reference."""
+    for name in ("summary", "apply", "query_grad", "key_grad"):
+        cfg = triton_op.KERNEL_CONFIGS[name]
+        monkeypatch.setitem(triton_op.KERNEL_CONFIGS, name,
+                            dict(cfg, prefetch=cfg.get("prefetch", False) != flip, BT=16, one_step={}))
+    grid, blocks = (12, 11), (2, 2)
+    q, k, v = make(1, grid, 2, 24, dtype, device, "relu")
+    mix = torch.rand(4, 4, device=device)
+    tables = rope_tables(math.prod(grid), 24, device) if rope else None
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, feature_map="relu", normalize=normalize, algorithm="chunked", rope=tables)
+    r = mhla_reference(*refs, grid, blocks, feature_map="relu", normalize=normalize,
+                       rope=tuple(t.double() for t in tables) if rope else None)
+    assert rel_err(o, r) < TOL[dtype]
+    g = torch.randn_like(o)
+    for name, a, b in zip("qkvm", torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
+        assert rel_err(a, b) < TOL[dtype], name
+
+
 @pytest.mark.parametrize("normalize,rope,dtype", [(True, False, torch.float32), (False, False, torch.float32),
                                                   (True, True, torch.float32), (True, False, torch.bfloat16),
                                                   (False, False, torch.bfloat16), (True, True, torch.bfloat16)])

@@ -34,6 +34,10 @@ is phi(K)^T e_0 summed over the 16 columns; with half-precision products (LOWP) 
 q [z_hi | z_lo | 0..] (``hi_lo_columns``). On the H200 (Wan 480p, benchmarks/RESULTS.md) the cross-lane
 reductions they replace cost more than a tenth of each kernel. (query_grad keeps its sums: the same
 products there, with 8 warps, computed wrong dz~ and faulted on the H200 under triton 3.6.)
+PREFETCH: a program walks its block's sorted token list in steps of BT, and each step's rows are addressed
+by ids loaded from that list; with PREFETCH the ids of the next step are loaded during this one, so a step no
+longer starts with a dependent round trip (ids, then rows). On the H200 it pays in summary and query_grad
+and not in apply and key_grad (KERNEL_CONFIGS, benchmarks/RESULTS.md).
 The summaries are stored in bf16 for bf16 inputs (their products already round to bf16) and fp32
 otherwise (fp16's range is too small for sums over a block).
 """
@@ -42,7 +46,8 @@ import triton
 import triton.language as tl
 
 from ..triton_dot import dot as _dot
-from .triton_common import feature, feature_grad, first_column, hi_lo_columns, rope_tables, rotate, split_range
+from .triton_common import (feature, feature_grad, first_column, hi_lo_columns, rope_tables, rotate, split_range,
+                            token_ids)
 
 
 @triton.jit
@@ -51,7 +56,7 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
                    H, MJ, J, D: tl.constexpr, X,
                    BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
-                   AL: tl.constexpr):
+                   AL: tl.constexpr, PREFETCH: tl.constexpr):
     skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL  # (AL: module doc)
     bh = tl.program_id(0)
     ij = tl.program_id(1)
@@ -71,10 +76,16 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
         ones = first_column(BT, V.dtype.element_ty)
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
+    if PREFETCH:
+        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
     for t in range(lo, hi, BT):
         r = t + tl.arange(0, BT)
         rmask = r < hi
-        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        if PREFETCH:
+            tok = tok_next
+            tok_next = token_ids(order, start, r + BT, hi)
+        else:
+            tok = token_ids(order, start, r, hi)
         kmask = rmask[:, None] & dmask[None, :]
         kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=kmask, other=0.0)
         kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
@@ -101,7 +112,7 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
                  H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                  BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                  FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, LOWP: tl.constexpr,
-                 ROPE: tl.constexpr, AL: tl.constexpr):
+                 ROPE: tl.constexpr, AL: tl.constexpr, PREFETCH: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (S~ rounded once to it, ~2^-9
     # relative per entry); otherwise fp32 operands (tf32 or IEEE).
     sqb, sqn, sqh, sob, son, soh = sqb * AL, sqn * AL, sqh * AL, sob * AL, son * AL, soh * AL
@@ -126,10 +137,16 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
         S = S.to(tl.float32)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
     obase = O + b.to(tl.int64) * sob + h * soh
+    if PREFETCH:
+        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
     for t in range(lo, hi, BT):
         r = t + tl.arange(0, BT)
         rmask = r < hi
-        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        if PREFETCH:
+            tok = tok_next
+            tok_next = token_ids(order, start, r + BT, hi)
+        else:
+            tok = token_ids(order, start, r, hi)
         qmask = rmask[:, None] & dmask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=qmask, other=0.0)
         qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
@@ -160,8 +177,9 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
-                      LOWP: tl.constexpr, AL: tl.constexpr):
+                      LOWP: tl.constexpr, AL: tl.constexpr, PREFETCH: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation.
+
     # P = g S~^T is the numerator's gradient times den; with one column tile (TILE == BD) it also gives
     # delta_t = g_t.o_t = qn_t.P_t / den_t, so o is read only when the head dim spans several tiles.
     sqb, sqn, sqh, sgb, sgn, sgh = sqb * AL, sqn * AL, sqh * AL, sgb * AL, sgn * AL, sgh * AL
@@ -193,10 +211,16 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
     gbase = G + b.to(tl.int64) * sgb + h * sgh
     obase = O + b.to(tl.int64) * sob + h * soh
     dbase = DQ + b.to(tl.int64) * sdb + h * sdh
+    if PREFETCH:
+        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
     for t in range(lo, hi, BT):
         r = t + tl.arange(0, BT)
         rmask = r < hi
-        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        if PREFETCH:
+            tok = tok_next
+            tok_next = token_ids(order, start, r + BT, hi)
+        else:
+            tok = token_ids(order, start, r, hi)
         fmask = rmask[:, None] & dmask[None, :]
         tmask = rmask[:, None] & emask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=fmask, other=0.0)
@@ -257,7 +281,7 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
                     H, M, J, D: tl.constexpr, X: tl.constexpr,
                     BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                     FEATURE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, LOWP: tl.constexpr,
-                    AL: tl.constexpr):
+                    AL: tl.constexpr, PREFETCH: tl.constexpr):
     skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL
     sdkb, sdkn, sdkh, sdvb, sdvn, sdvh = sdkb * AL, sdkn * AL, sdkh * AL, sdvb * AL, sdvn * AL, sdvh * AL
     bh = tl.program_id(0)
@@ -287,10 +311,16 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
     vbase = V + b.to(tl.int64) * svb + h * svh
     dkbase = DK + b.to(tl.int64) * sdkb + h * sdkh
     dvbase = DV + b.to(tl.int64) * sdvb + h * sdvh
+    if PREFETCH:
+        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
     for t in range(lo, hi, BT):
         r = t + tl.arange(0, BT)
         rmask = r < hi
-        tok = tl.load(order + start + r, mask=rmask, other=0).to(tl.int64)
+        if PREFETCH:
+            tok = tok_next
+            tok_next = token_ids(order, start, r + BT, hi)
+        else:
+            tok = token_ids(order, start, r, hi)
         fmask = rmask[:, None] & dmask[None, :]
         tmask = rmask[:, None] & emask[None, :]
         kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=fmask, other=0.0)

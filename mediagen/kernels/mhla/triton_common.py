@@ -68,6 +68,12 @@ def split_range(offsets_ptr, i, j, J):
 
 
 @triton.jit
+def token_ids(order, start, r, hi):
+    """Token ids (int64) at local positions r of a block's sorted list; 0 where r >= hi (masked off)."""
+    return tl.load(order + start + r, mask=r < hi, other=0).to(tl.int64)
+
+
+@triton.jit
 def rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, j0, NP: tl.constexpr, D):
     """cos, sin (rows, NP) fp32 of the angles of channel pairs j0 .. j0 + NP - 1 of tokens ``tok``
     (pairs at or past D/2 get the identity rotation)."""

@@ -57,9 +57,12 @@ KERNEL_CONFIGS = {
     # where the pipeline's shared-memory staging only delays the one load (H200, sweep_mhla.py --kernels
     # summary,apply,key_grad --shape "DiT-XL/2 512px", twelfth session: summary 64.6 -> 38.3 us,
     # key_grad 60.2 -> 52.0 us; apply's best, 2 stages, was within 7% of its default and stays)
-    "summary": dict(TILE=128, BT=64, warps=8, stages=3, one_step=dict(stages=1)),
+    # prefetch: load the next token step's ids during this step (fourteenth session, Wan 480p, the kernels
+    # alone: summary 76.7 -> 72.6 us, query_grad 250.6 -> 214.9 us with 3 stages instead of 2; apply and
+    # key_grad were slower with it; benchmarks/RESULTS.md)
+    "summary": dict(TILE=128, BT=64, warps=8, stages=3, prefetch=True, one_step=dict(stages=1)),
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
-    "query_grad": dict(TILE=128, BT=16, warps=4, stages=2, lowp=True),
+    "query_grad": dict(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True),
     "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1)),
     "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
     # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 15.8 us, the best
@@ -86,6 +89,11 @@ def _lowp(name: str, dtype) -> bool:
     """Whether kernel ``name`` multiplies half-precision inputs in their own dtype (never fp32, nor in
     the CPU interpreter, whose half-precision dot is wrong)."""
     return KERNEL_CONFIGS[name].get("lowp", False) and dtype != torch.float32 and not _interpreting()
+
+
+def _prefetch(name: str) -> bool:
+    """Whether chunked kernel ``name`` loads the next token step's ids during this step (``prefetch``)."""
+    return bool(KERNEL_CONFIGS[name].get("prefetch", False))
 
 
 def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None):
@@ -194,7 +202,8 @@ def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, larges
     summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         k, v, sz, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *tstrides, H, M * J, J, D, X,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
-        IEEE=k.dtype == torch.float32, ROPE=rope, AL=al, num_warps=warps, num_stages=stages)
+        IEEE=k.dtype == torch.float32, ROPE=rope, AL=al, PREFETCH=_prefetch("summary"), num_warps=warps,
+        num_stages=stages)
     return sz
 
 
@@ -240,8 +249,8 @@ def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, c
     apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         q, mixed, o, order, offsets, *tables, *row_strides(q, al), *row_strides(o, al), *tstrides, H, M, J, D,
         D * D + D, eps, scale, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize,
-        IEEE=q.dtype == torch.float32, LOWP=_lowp("apply", q.dtype), ROPE=rope, AL=al, num_warps=warps,
-        num_stages=stages)
+        IEEE=q.dtype == torch.float32, LOWP=_lowp("apply", q.dtype), ROPE=rope, AL=al, PREFETCH=_prefetch("apply"),
+        num_warps=warps, num_stages=stages)
     return o
 
 
@@ -317,7 +326,8 @@ def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scal
         q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *row_strides(q, al), *row_strides(g, al),
         *row_strides(o, al), *row_strides(dq, al), *tstrides, H, M, J, D, X, eps, scale,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
-        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), AL=al, num_warps=warps, num_stages=stages)
+        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), AL=al, PREFETCH=_prefetch("query_grad"),
+        num_warps=warps, num_stages=stages)
     return dq, dsz_part
 
 
@@ -332,8 +342,8 @@ def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None, 
     key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
         k, v, dsz, dk, dv, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *row_strides(dk, al),
         *row_strides(dv, al), *tstrides, H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode,
-        IEEE=k.dtype == torch.float32, ROPE=rope, LOWP=_lowp("key_grad", k.dtype), AL=al, num_warps=warps,
-        num_stages=stages)
+        IEEE=k.dtype == torch.float32, ROPE=rope, LOWP=_lowp("key_grad", k.dtype), AL=al,
+        PREFETCH=_prefetch("key_grad"), num_warps=warps, num_stages=stages)
     return dk, dv
 
 
