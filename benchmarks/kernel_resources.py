@@ -111,7 +111,7 @@ def row_stride_args(fn, D: int) -> dict:
 def chunked_constexprs(name, D, fp32=False, rope=False, **extra):
     """(constexprs, warps, stages) of a chunked kernel as its launcher would launch it: fp32 inputs
     multiply exactly (IEEE dots), and with RoPE too they take the smaller fp32-with-RoPE tiles."""
-    BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope)
+    BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope, fp32=fp32)
     fn = {"summary": summary_kernel, "apply": apply_kernel, "query_grad": query_grad_kernel,
           "key_grad": key_grad_kernel}[name]
     c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, PREFETCH=T._prefetch(name), **extra,

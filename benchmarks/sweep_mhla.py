@@ -30,9 +30,9 @@ def timed(fn):
         return f"error {type(err).__name__}"
 
 
-def chunked_inputs(s, J):
+def chunked_inputs(s, J, dtype=torch.bfloat16):
     B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
-    q, k, v, g = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, g = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))
     mix = locality_mix(s.blocks).cuda()
     M = math.prod(s.blocks)
     order, offsets, _ = layout.block_token_lists(s.grid, s.blocks, q.device)

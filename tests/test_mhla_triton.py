@@ -423,3 +423,17 @@ def test_one_step_settings_apply_only_to_single_step_half_precision_programs():
                                                                                                 c["stages"])
     assert per_program(546, 9, torch.bfloat16) == 61 and per_program(64, 1, torch.float32) is None
     assert triton_op._config("summary", 72, tokens=None)[3:] == (c["warps"], c["stages"])
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_fp32_inputs_take_the_fp32_settings(rope):
+    """apply and key_grad launch fp32 inputs (with or without RoPE) with their ``fp32`` settings, which compile
+    without the bf16 tiles' spills; half-precision inputs and kernels without such settings keep the defaults."""
+    for name in ("summary", "apply", "query_grad", "key_grad"):
+        c = triton_op.KERNEL_CONFIGS[name]
+        want = {**c, **c.get("fp32", {})}
+        BD, TILE, BT, warps, stages = triton_op._config(name, 128, fp32_rope=rope, fp32=True)
+        assert (TILE, warps, stages) == (want["TILE"], want["warps"], want["stages"]), name
+        assert BT == min(want["BT"], 32 if rope else want["BT"]), name
+        assert triton_op._config(name, 128)[1:] == (c["TILE"], c["BT"], c["warps"], c["stages"]), name
+    assert "fp32" in triton_op.KERNEL_CONFIGS["apply"] and "fp32" in triton_op.KERNEL_CONFIGS["key_grad"]

@@ -61,9 +61,13 @@ KERNEL_CONFIGS = {
     # alone: summary 76.7 -> 72.6 us, query_grad 250.6 -> 214.9 us with 3 stages instead of 2; apply and
     # key_grad were slower with it; benchmarks/RESULTS.md)
     "summary": dict(TILE=128, BT=64, warps=8, stages=3, prefetch=True, one_step=dict(stages=1)),
-    "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True),
+    # fp32: the settings for fp32 inputs (exact IEEE products, with or without RoPE). At the bf16 tiles apply and
+    # key_grad fall back to 32 registers and spill 18-55 KB per thread (kernel_resources.py --fp32); on the H200
+    # at Wan 480p (fourteenth session) apply took 22.5 ms there against 0.58 ms here, key_grad 58.0 against 4.78
+    "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, fp32=dict(BT=16, warps=8, stages=2)),
     "query_grad": dict(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True),
-    "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1)),
+    "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1),
+                     fp32=dict(BT=16, TILE=32, warps=4, stages=2)),
     "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
     # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 15.8 us, the best
     # of `python benchmarks/sweep_mhla.py --dense` once rows were read 16-byte aligned (twelfth session;
@@ -96,13 +100,15 @@ def _prefetch(name: str) -> bool:
     return bool(KERNEL_CONFIGS[name].get("prefetch", False))
 
 
-def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None):
-    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32_rope``: fp32 inputs
-    with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128,
-    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`).
-    ``tokens``: the most tokens one program walks, when known; when that is one token step, the kernel's
-    ``one_step`` settings apply."""
+def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False):
+    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32``: fp32 inputs, which take
+    the kernel's ``fp32`` settings where it has them. ``fp32_rope``: fp32 inputs with RoPE, whose rotated
+    copies of the tiles need more shared memory (32-token steps from D=128, 16 at D=256: key_grad's 32-token
+    steps need 256 KiB there, `benchmarks/kernel_resources.py`). ``tokens``: the most tokens one program
+    walks, when known; when that is one token step, the kernel's ``one_step`` settings apply."""
     c = KERNEL_CONFIGS[name]
+    if fp32 or fp32_rope:
+        c = {**c, **c.get("fp32", {})}
     BD = max(16, triton.next_power_of_2(D))
     if BD < 128 or (BD == 128 and not fp32_rope):
         BT = c["BT"]
@@ -193,8 +199,9 @@ def _tokens_per_program(largest, J, dtype):
 def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
     """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings)."""
     B, N, H, D = k.shape
-    BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and k.dtype == torch.float32,
-                                          _tokens_per_program(largest, J, k.dtype))
+    fp32 = k.dtype == torch.float32
+    BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and fp32,
+                                          _tokens_per_program(largest, J, k.dtype), fp32=fp32)
     X = D * D + D
     sz = _new((B, H, M * J, X), k, summary_dtype(k.dtype))
     tables, tstrides, rope = _rope_args(cos, sin, k)
@@ -242,7 +249,8 @@ def launch_mix_grad(dmixed, block_sz, per_head, ieee):
 
 def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
-    BD, TILE, BT, warps, stages = _config("apply", D, cos is not None and q.dtype == torch.float32)
+    BD, TILE, BT, warps, stages = _config("apply", D, cos is not None and q.dtype == torch.float32,
+                                          fp32=q.dtype == torch.float32)
     o = _new((B, N, H, D), q, q.dtype)
     tables, tstrides, rope = _rope_args(cos, sin, q)
     al = stride_unit(q, o)
@@ -316,7 +324,8 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
 
 def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
-    BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and q.dtype == torch.float32)
+    BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and q.dtype == torch.float32,
+                                          fp32=q.dtype == torch.float32)
     X = D * D + D
     dq = _new((B, N, H, D), q, q.dtype)
     dsz_part = _new((B, H, M * J, X), q, summary_dtype(q.dtype))
@@ -333,8 +342,9 @@ def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scal
 
 def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
     B, N, H, D = k.shape
-    BD, TILE, BT, warps, stages = _config("key_grad", D, cos is not None and k.dtype == torch.float32,
-                                          _tokens_per_program(largest, J, k.dtype))
+    fp32 = k.dtype == torch.float32
+    BD, TILE, BT, warps, stages = _config("key_grad", D, cos is not None and fp32,
+                                          _tokens_per_program(largest, J, k.dtype), fp32=fp32)
     dk = _new((B, N, H, D), k, k.dtype)
     dv = _new((B, N, H, D), v, v.dtype)
     tables, tstrides, rope = _rope_args(cos, sin, k)
