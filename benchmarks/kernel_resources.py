@@ -114,8 +114,8 @@ def chunked_constexprs(name, D, fp32=False, rope=False, **extra):
     BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope, fp32=fp32)
     fn = {"summary": summary_kernel, "apply": apply_kernel, "query_grad": query_grad_kernel,
           "key_grad": key_grad_kernel}[name]
-    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, PREFETCH=T._prefetch(name), **extra,
-             **row_stride_args(fn, D))
+    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, PREFETCH=T._prefetch(name),
+             **extra, **row_stride_args(fn, D))
     return c, warps, stages
 
 

@@ -179,7 +179,6 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
                       LOWP: tl.constexpr, AL: tl.constexpr, PREFETCH: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation.
-
     # P = g S~^T is the numerator's gradient times den; with one column tile (TILE == BD) it also gives
     # delta_t = g_t.o_t = qn_t.P_t / den_t, so o is read only when the head dim spans several tiles.
     sqb, sqn, sqh, sgb, sgn, sgh = sqb * AL, sqn * AL, sqh * AL, sgb * AL, sgn * AL, sgh * AL
