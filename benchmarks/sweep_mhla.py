@@ -64,13 +64,14 @@ def sweep_mix(shapes):
         mix = lambda: T.launch_mix(x["mix"], sz, 1, False, out_dtype=sz.dtype)
         grad = lambda: T.launch_mix_grad(x["mixed"], sz, False, False)
         rows = []
-        for bx, bk, warps, stages in itertools.product((64, 128, 256), (16, 32, 64), (4, 8), (2, 3, 4)):
-            T.KERNEL_CONFIGS["mix"] = dict(BX=bx, BK=bk, warps=warps, stages=stages)
-            rows.append((timed(mix), bx, bk, warps, stages))
+        # (BK is used only when M*J > 64 blocks: none of these shapes with J = 1)
+        for bx, per_sm, warps, stages in itertools.product((64, 128, 256), (2, 4, 8), (4, 8), (2, 3, 4)):
+            T.KERNEL_CONFIGS["mix"] = dict(default, BX=bx, per_sm=per_sm, warps=warps, stages=stages)
+            rows.append((timed(mix), bx, per_sm, warps, stages))
         T.KERNEL_CONFIGS["mix"] = dict(default)
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} mix (M={x['M']}, X={sz.shape[-1]}, copy of the summaries {timed(lambda: sz.clone()):.4f} ms): "
-              f"best (ms, BX, BK, warps, stages) {ok[:4]}; default {default} -> {timed(mix)}; worst {ok[-1]}",
+              f"best (ms, BX, per_sm, warps, stages) {ok[:4]}; default {default} -> {timed(mix)}; worst {ok[-1]}",
               flush=True)
         rows = []
         for xt, bk, warps, stages in itertools.product((256, 512, 1024, 2048), (32, 64, 128), (4, 8), (2, 3)):

@@ -268,6 +268,49 @@ def test_several_column_tiles(device, monkeypatch):
         assert rel_err(a, b) < 1e-4
 
 
+MIX_CASES = [  # M, J, D (X = D*D + D), per-head mix, transpose, src dtype, out dtype, column programs, BX
+    (5, 1, 16, False, False, torch.float32, torch.float32, 2, 64),
+    (5, 2, 24, True, False, torch.bfloat16, torch.bfloat16, 3, 64),
+    (5, 1, 24, True, True, torch.bfloat16, torch.float32, None, None),
+    (70, 1, 16, True, True, torch.float32, torch.float32, 2, 64),
+    (70, 2, 24, False, False, torch.bfloat16, torch.float32, 2, 64),
+    (70, 2, 16, True, True, torch.float32, torch.bfloat16, None, None),
+]
+
+
+@pytest.mark.parametrize("M,J,D,per_head,transpose,dtype,out_dtype,programs,BX", MIX_CASES)
+def test_mix_kernel(device, monkeypatch, M, J, D, per_head, transpose, dtype, out_dtype, programs, BX):
+    """launch_mix alone: out = Mc (or Mc^T) @ src with J rows of src per block, at block counts that take
+    one K step (M = 5, also with J = 2) and several (M = 70: two row tiles too), rows that end inside a
+    column tile, and few column programs, so that each walks several column tiles."""
+    if BX is not None:
+        c = triton_op.KERNEL_CONFIGS["mix"]
+        monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix", dict(c, BX=BX, fp32=dict(c.get("fp32", {}), BX=BX)))
+        assert programs < triton.cdiv(D * D + D, BX) - 1
+    B, H, X = 2, 2, D * D + D
+    src = torch.randn(B, H, M * J, X, device=device).to(dtype)
+    mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
+    ieee = dtype == torch.float32
+    out = triton_op.launch_mix(mix, src, J, ieee, transpose=transpose, out_dtype=out_dtype, column_programs=programs)
+    a = mix.double().transpose(-1, -2) if transpose else mix.double()
+    a = a.repeat_interleave(J, dim=-1).expand(H, M, M * J)
+    want = torch.einsum("hik,bhkx->bhix", a, src.double())
+    assert out.shape == (B, H, M, X) and out.dtype == out_dtype
+    assert rel_err(out, want) < (1e-5 if ieee and out_dtype == torch.float32 else 1e-2)
+
+
+def test_mix_rejects_bad_arguments(device):
+    """Rows that are not M * J per head, strided rows, or no column programs raise instead of mixing wrongly."""
+    src = torch.randn(1, 2, 6, 272, device=device)
+    mix = torch.rand(3, 3, device=device)
+    with pytest.raises(ValueError):
+        triton_op.launch_mix(mix, src, 1, True)
+    with pytest.raises(ValueError):
+        triton_op.launch_mix(mix, src.transpose(-1, -2).contiguous().transpose(-1, -2), 2, True)
+    with pytest.raises(ValueError):
+        triton_op.launch_mix(mix, src, 2, True, column_programs=0)
+
+
 def rope_tables(N, D, device, dtype=torch.float32):
     """Random angle tables as the Wan processor passes them: strided (N, D/2) views of (1, N, 1, D)
     tables that repeat each angle for its channel pair."""

@@ -3,6 +3,9 @@
 mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~ = Mc S, or Mc^T dS~)
                   J token splits of a block are summed by the same product. src and out may be bf16
                   (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE).
+                  Each program owns a row tile and walks every P-th column tile (P column programs, a few
+                  programs per SM in all): A is read once per program when K fits one step (not once per
+                  column tile), and each program streams long enough for the pipeline to overlap its loads.
 mix_grad_kernel:  part[bh, t, i, j] = sum_{x in tile t} L[bh, i, x] * R[bh, j, x]   (dMc = dS~ . S),
                   split over column tiles so the long reduction (X = D*D + D) runs in parallel.
 X is a compile-time constant so that row starts are known to be 16-byte aligned where they are (X = 5,256
@@ -15,29 +18,47 @@ import triton.language as tl
 
 
 @triton.jit
-def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, X: tl.constexpr,
-               BM: tl.constexpr, BK: tl.constexpr, BX: tl.constexpr, IEEE: tl.constexpr):
+def _dot(a, s, acc, IEEE: tl.constexpr):
+    """acc + a @ s; exact fp32 products when IEEE, tf32 otherwise."""
+    if IEEE:
+        acc = tl.dot(a, s, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, s, acc)
+    return acc
+
+
+@triton.jit
+def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, P, X: tl.constexpr,
+               BM: tl.constexpr, BK: tl.constexpr, BX: tl.constexpr, ONE_K: tl.constexpr, IEEE: tl.constexpr):
     bh = tl.program_id(0)
-    x = tl.program_id(1) * BX + tl.arange(0, BX)
     i = tl.program_id(2) * BM + tl.arange(0, BM)
-    h = bh % H
-    xmask = x < X
     imask = i < M
+    arow = A + (bh % H) * sah + i[:, None] * sai
     src = SRC + bh.to(tl.int64) * K * X
-    acc = tl.zeros((BM, BX), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
+    out = OUT + bh.to(tl.int64) * M * X + i[:, None].to(tl.int64) * X
+    if ONE_K:  # all of K in one step: this program's A tile and src row starts, once for all its column tiles
+        kk = tl.arange(0, BK)
         kmask = kk < K
-        a = tl.load(A + h * sah + i[:, None] * sai + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :],
-                    other=0.0).to(tl.float32)
-        s = tl.load(src + kk[:, None].to(tl.int64) * X + x[None, :], mask=kmask[:, None] & xmask[None, :], other=0.0)
-        s = s.to(tl.float32)
-        if IEEE:
-            acc += tl.dot(a, s, input_precision="ieee")
+        a_once = tl.load(arow + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :],
+                         other=0.0).to(tl.float32)
+        srows = src + kk[:, None].to(tl.int64) * X
+    for c in range(tl.program_id(1), tl.cdiv(X, BX), P):  # column tiles c = pid1, pid1 + P, ...
+        x = c * BX + tl.arange(0, BX)
+        xmask = x < X
+        acc = tl.zeros((BM, BX), dtype=tl.float32)
+        if ONE_K:
+            s = tl.load(srows + x[None, :], mask=kmask[:, None] & xmask[None, :], other=0.0)
+            acc = _dot(a_once, s.to(tl.float32), acc, IEEE)
         else:
-            acc += tl.dot(a, s)
-    tl.store(OUT + bh.to(tl.int64) * M * X + i[:, None].to(tl.int64) * X + x[None, :], acc.to(OUT.dtype.element_ty),
-             mask=imask[:, None] & xmask[None, :])
+            for k0 in range(0, K, BK):
+                kk = k0 + tl.arange(0, BK)
+                kmask = kk < K
+                a = tl.load(arow + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :],
+                            other=0.0).to(tl.float32)
+                s = tl.load(src + kk[:, None].to(tl.int64) * X + x[None, :], mask=kmask[:, None] & xmask[None, :],
+                            other=0.0)
+                acc = _dot(a, s.to(tl.float32), acc, IEEE)
+        tl.store(out + x[None, :], acc.to(OUT.dtype.element_ty), mask=imask[:, None] & xmask[None, :])
 
 
 @triton.jit

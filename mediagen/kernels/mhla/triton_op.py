@@ -73,10 +73,16 @@ KERNEL_CONFIGS = {
     # of `python benchmarks/sweep_mhla.py --dense` once rows were read 16-byte aligned (twelfth session;
     # 32 keys per step with 3 stages: 16.4 us; benchmarks/RESULTS.md)
     "dense_split": dict(BT=256, BS=64, warps=8, stages=2),
-    # BK blocks per step; BX summary columns per program = acc // BM (the padded block count), in 64 .. 256:
-    # an accumulator of the same size at every M (sweep_mhla.py --mix, twelfth session: at DiT-XL/2 512 px
-    # 24.2 -> 11.8 us with 256 columns and 16 blocks per step, at Wan 480p 40.1 -> 35.0 with 64 and 16)
-    "mix": dict(acc=4096, BK=16, warps=4, stages=3),
+    # Each program walks every P-th column tile of its row tile, P chosen for per_sm programs per SM in all
+    # (launch_mix); BX summary columns per tile = acc // BM (the padded block count), in 64 .. 256. BK blocks
+    # per step when K = M*J > 64; up to 64, K is one step and A is loaded once per program.
+    # `sweep_mhla.py --mix` on the H200 (fifteenth session; the old kernel, one tile per program, in brackets):
+    # Wan 480p 27.6 us at 64 columns [35-39], SANA 4K 13.5 at 64, DiT-XL/2 512 px 9.6 at 256 [11.8]; each
+    # the sweep's best, per_sm 4 (at Wan 480p per_sm 2 took the same 27.6).
+    # fp32: the settings for fp32 inputs, whose IEEE products over a one-step K spill registers at 4 warps
+    # (ptxas for sm_90a under triton 3.6 and 3.8: 0.3-12 KB at 64 or 128 columns; none with these; over
+    # 16-block steps at most 12 bytes)
+    "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=3, fp32=dict(BX=64, warps=8)),
     # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
     # against 1,024 and 32: sweep_mhla.py --mix, twelfth session)
     "mix_grad": dict(XT=512, BK=64, warps=4, stages=3),
@@ -214,21 +220,36 @@ def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, larges
     return sz
 
 
-def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32):
-    """(B, H, M, X) in ``out_dtype`` = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M)."""
+def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, column_programs=None):
+    """(B, H, M, X) in ``out_dtype`` = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M).
+    ``column_programs``: programs per (batch, head, row tile), each walking every such-th column tile;
+    by default enough for KERNEL_CONFIGS["mix"]["per_sm"] programs per SM in all (off the GPU, as for one SM)."""
     B, H, K, X = src.shape
     M = mix.shape[-1]
+    if K != M * J or not src.is_contiguous():
+        raise ValueError(f"src must be contiguous with M * J = {M} * {J} rows per head, not {tuple(src.shape)}")
     m = mix.float()
     sah = m.stride(0) if m.dim() == 3 else 0
     sai, saj = m.stride(-2), m.stride(-1)
     if transpose:
         sai, saj = saj, sai
     out = _new((B, H, M, X), src, out_dtype)
-    BM = min(64, max(16, triton.next_power_of_2(M)))
     c = KERNEL_CONFIGS["mix"]
-    BX = c.get("BX") or min(256, max(64, c["acc"] // BM))  # (an explicit BX: the sweep's)
-    mix_kernel[(B * H, triton.cdiv(X, BX), triton.cdiv(M, BM))](
-        m, src, out, sah, sai, saj, H, M, K, J, X, BM=BM, BK=c["BK"], BX=BX, IEEE=ieee,
+    if ieee:
+        c = {**c, **c.get("fp32", {})}
+    BM = min(64, max(16, triton.next_power_of_2(M)))
+    one_k = K <= 64
+    BK = max(16, triton.next_power_of_2(K)) if one_k else c["BK"]
+    BX = c.get("BX") or min(256, max(64, c["acc"] // BM))  # (an explicit BX: fp32's, or the sweep's)
+    row_tiles, col_tiles = triton.cdiv(M, BM), triton.cdiv(X, BX)
+    if column_programs is None:
+        sms = _num_sms(src.device.index or 0) if src.device.type == "cuda" else 1
+        column_programs = triton.cdiv(c["per_sm"] * sms, B * H * row_tiles)
+    elif column_programs < 1:
+        raise ValueError(f"column_programs={column_programs} must be at least 1")
+    P = min(column_programs, col_tiles)
+    mix_kernel[(B * H, P, row_tiles)](
+        m, src, out, sah, sai, saj, H, M, K, J, P, X, BM=BM, BK=BK, BX=BX, ONE_K=one_k, IEEE=ieee,
         num_warps=c["warps"], num_stages=c["stages"])
     return out
 
