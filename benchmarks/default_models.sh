@@ -39,12 +39,7 @@ QUIET="logging.progress=false logging.tensorboard=false"
 mkdir -p "$R/logs" "$R/eval"
 
 common_step() {  # the last checkpoint step that every run dir given has saved (0: none in common)
-  python3 - "$@" <<'EOF'
-import sys
-from mediagen.training.checkpoint import list_checkpoints
-steps = [{s for s, _ in list_checkpoints(r)} for r in sys.argv[1:]]
-print(max(set.intersection(*steps), default=0))
-EOF
+  python3 -m mediagen.training.checkpoint "$@"
 }
 
 export_at() {  # export_at CONFIG STEP DEST

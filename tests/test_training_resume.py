@@ -1,11 +1,14 @@
 """A run killed at any moment resumes with the losses it would have had; a kill during a checkpoint
 save never leaves a torn checkpoint. Each case runs training in a subprocess that SIGKILLs itself."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from mediagen.training.checkpoint import list_checkpoints, read_optimizer, read_state
+from mediagen.training.checkpoint import common_step, list_checkpoints, read_optimizer, read_state
 from training_helpers import TINY_DIT, read_losses, run_training_process, steps_logged
 
 ARGS = [*TINY_DIT, "train.max_steps=12", "checkpoint.every=4", "checkpoint.keep_last=5", "optim.ema_decay=0.9",
@@ -77,3 +80,22 @@ def test_sigterm_checkpoints_stops_and_resumes_identically(tmp_path, full):
     assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == 0
     assert steps_logged(out) == list(range(1, 13))
     assert read_losses(out) == read_losses(full)
+
+
+def test_common_step_is_the_last_step_every_run_saved(tmp_path):
+    """Runs stopped by a time limit at different steps are compared at the last checkpoint all of them hold;
+    an unfinished save (.tmp-*) does not count. The shell scripts call it as a module."""
+    saved = {"a": [100, 200, 300, 350], "b": [100, 200, 300], "c": [100, 200, 400]}
+    for run, steps in saved.items():
+        for s in steps:
+            (tmp_path / run / "checkpoints" / f"checkpoint-{s:07d}").mkdir(parents=True)
+    (tmp_path / "c" / "checkpoints" / ".tmp-checkpoint-0000300").mkdir()
+    runs = [tmp_path / r for r in saved]
+    assert common_step(runs) == 200
+    assert common_step(runs[:2]) == 300
+    assert common_step([*runs, tmp_path / "never-started"]) == 0
+    assert common_step([]) == 0
+    out = subprocess.run([sys.executable, "-m", "mediagen.training.checkpoint", *map(str, runs)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "200"
+

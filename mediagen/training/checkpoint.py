@@ -42,6 +42,14 @@ def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def common_step(output_dirs) -> int:
+    """The last checkpoint step that every run folder given has saved; 0 when they share none (or none given).
+    Runs compared at equal steps (docs/RESULTS.md) use it; from a shell:
+    ``python -m mediagen.training.checkpoint RUN_DIR ...`` prints it."""
+    steps = [{s for s, _ in list_checkpoints(d)} for d in output_dirs]
+    return max(set.intersection(*steps), default=0) if steps else 0
+
+
 def find_resume(output_dir, resume: str | None) -> Path | None:
     """The folder to resume from: None, 'latest' (None if there is none yet) or a path."""
     if resume is None:
@@ -199,3 +207,9 @@ def restore_rng(folder: Path, rank: int) -> None:
     if not path.is_file():  # resumed on more processes than saved: reuse rank 0's
         path = folder / "rng-0.safetensors"
     set_rng_state(load_file(str(path)), json.loads(path.with_suffix(".json").read_text()))
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(common_step(sys.argv[1:]))
