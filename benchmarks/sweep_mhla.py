@@ -75,12 +75,19 @@ def sweep_mix(shapes):
               flush=True)
         rows = []
         for xt, bk, warps, stages in itertools.product((256, 512, 1024, 2048), (32, 64, 128), (4, 8), (2, 3)):
-            T.KERNEL_CONFIGS["mix_grad"] = dict(XT=xt, BK=bk, warps=warps, stages=stages)
+            T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad, XT=xt, BK=bk, warps=warps, stages=stages)
             rows.append((timed(grad), xt, bk, warps, stages))
         T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad)
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} mix_grad: best (ms, XT, BK, warps, stages) {ok[:4]}; default {default_grad} -> "
               f"{timed(grad)}; worst {ok[-1]}", flush=True)
+        rows = []  # how the parts are summed, at the default tiles: torch's reduction or part_sum_kernel
+        for how, br, by in [("torch", 0, 0), *itertools.product(("triton",), (8, 16, 32, 64), (64, 128, 256))]:
+            T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad, sum=how, BR=br, BY=by)
+            rows.append((timed(grad), how, br, by))
+        T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad)
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        print(f"{s.name} mix_grad parts summed: best (ms, sum, BR, BY) {ok[:4]}; torch {rows[0]}", flush=True)
 
 
 def sweep_dense(shapes, defaults):

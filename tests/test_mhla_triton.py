@@ -311,6 +311,22 @@ def test_mix_rejects_bad_arguments(device):
         triton_op.launch_mix(mix, src, 2, True, column_programs=0)
 
 
+@pytest.mark.parametrize("how", ["torch", "triton"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_mix_grad_parts_summed(device, monkeypatch, how, per_head):
+    """dMc = sum over batch (and heads, for a shared Mc) of dS~ S^T, with the per-program parts added by torch or
+    by part_sum_kernel: 5 column tiles, parts in steps of 4 (a ragged last step, of 30 parts or of 5 per head),
+    outputs in tiles of 16 (ragged)."""
+    c = triton_op.KERNEL_CONFIGS["mix_grad"]
+    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix_grad", dict(c, XT=64, BK=32, sum=how, BR=4, BY=16))
+    B, H, M, X = 2, 3, 5, 16 * 16 + 16
+    left, right = (torch.randn(B, H, M, X, device=device) for _ in range(2))
+    got = triton_op.launch_mix_grad(left, right, per_head, True)
+    want = torch.einsum("bhix,bhjx->hij" if per_head else "bhix,bhjx->ij", left.double(), right.double())
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert rel_err(got, want) < 1e-5
+
+
 def rope_tables(N, D, device, dtype=torch.float32):
     """Random angle tables as the Wan processor passes them: strided (N, D/2) views of (1, N, 1, D)
     tables that repeat each angle for its channel pair."""

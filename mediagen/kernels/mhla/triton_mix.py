@@ -8,6 +8,8 @@ mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~
                   column tile), and each program streams long enough for the pipeline to overlap its loads.
 mix_grad_kernel:  part[bh, t, i, j] = sum_{x in tile t} L[bh, i, x] * R[bh, j, x]   (dMc = dS~ . S),
                   split over column tiles so the long reduction (X = D*D + D) runs in parallel.
+part_sum_kernel:  out[h, y] = sum over r of part[r // NT, h, r % NT, y], the parts summed in a fixed order
+                  (deterministic), for per-head Mc (H outputs) or shared Mc (one output, the heads summed too).
 X is a compile-time constant so that row starts are known to be 16-byte aligned where they are (X = 5,256
 at D = 72 is a multiple of 8, not of the 16 that Triton's run-time specialisation checks) and rows move in
 16-byte accesses.
@@ -88,3 +90,21 @@ def mix_grad_kernel(L, R, PART, M, X: tl.constexpr, NT, XT,
             acc += tl.dot(lt, tl.trans(rt))
     out = PART + (bh.to(tl.int64) * NT + t) * M * M
     tl.store(out + i[:, None] * M + j[None, :], acc, mask=imask[:, None] & jmask[None, :])
+
+
+@triton.jit
+def part_sum_kernel(PART, OUT, G, ROWS, group_stride, head_stride, YY, BR: tl.constexpr, BY: tl.constexpr):
+    """OUT[h, y] = sum over g < G, r < ROWS of PART[g * group_stride + h * head_stride + r, y] (rows of YY fp32).
+    Program (y tile, h); the sum runs in the same order every time. For PART (B, H, NT, YY): per-head Mc takes
+    G = B groups of NT rows (group_stride H * NT, head_stride NT); shared Mc one group of B * H * NT rows."""
+    y = tl.program_id(0) * BY + tl.arange(0, BY)
+    h = tl.program_id(1)
+    ymask = y < YY
+    acc = tl.zeros((BR, BY), dtype=tl.float32)
+    for g in range(0, G):
+        first = (g * group_stride + h * head_stride).to(tl.int64)
+        for r0 in range(0, ROWS, BR):
+            r = r0 + tl.arange(0, BR)
+            acc += tl.load(PART + (first + r[:, None]) * YY + y[None, :], mask=(r < ROWS)[:, None] & ymask[None, :],
+                           other=0.0)
+    tl.store(OUT + h.to(tl.int64) * YY + y, tl.sum(acc, axis=0), mask=ymask)

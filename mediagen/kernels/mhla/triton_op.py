@@ -23,7 +23,7 @@ import triton
 from .layout import block_token_lists, token_block_ids
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
-from .triton_mix import mix_grad_kernel, mix_kernel
+from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
 
 FEATURE_CODES = {"none": 0, "relu": 1, "elu1": 2}
 ALGORITHMS = ("auto", "chunked", "dense")
@@ -84,8 +84,10 @@ KERNEL_CONFIGS = {
     # 16-block steps at most 12 bytes)
     "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=3, fp32=dict(BX=64, warps=8)),
     # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
-    # against 1,024 and 32: sweep_mhla.py --mix, twelfth session)
-    "mix_grad": dict(XT=512, BK=64, warps=4, stages=3),
+    # against 1,024 and 32: sweep_mhla.py --mix, twelfth session). sum: how the per-program parts are added,
+    # "torch" (a reduction over the part axes; 10.2 us at Wan 480p under the profiler, fourteenth session) or
+    # "triton" (part_sum_kernel, BR parts a step, BY outputs per program; not yet timed on the GPU)
+    "mix_grad": dict(XT=512, BK=64, warps=4, stages=3, sum="torch", BR=32, BY=128),
 }
 
 
@@ -265,7 +267,13 @@ def launch_mix_grad(dmixed, block_sz, per_head, ieee):
     mix_grad_kernel[(B * H, NT, triton.cdiv(M, BM) ** 2)](
         dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c["BK"], IEEE=ieee, num_warps=c["warps"],
         num_stages=c["stages"])
-    return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
+    if c.get("sum", "torch") == "torch":
+        return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
+    out = _new((H, M, M) if per_head else (M, M), dmixed, torch.float32)
+    groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
+    part_sum_kernel[(triton.cdiv(M * M, c["BY"]), heads)](
+        part, out, groups, rows, H * NT, NT if per_head else 0, M * M, BR=c["BR"], BY=c["BY"])
+    return out
 
 
 def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
