@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -33,6 +33,13 @@ hla)  # the HLA text-encoder path: GPU tests, one layer stage by stage and per k
   run hla_readout_sweep 100 python3 benchmarks/sweep_hla_readout.py --rep 100
   run hla_encode 120 python3 benchmarks/text_encoders.py --only encode --attentions sdpa hla hla-top8c \
     --lengths 4096 32768 --batches 1 16 --iters 5 --graph --out "$out/encode.md"
+  ;;
+mix)  # the block-mixing kernels: GPU tests, the sweep (column widths, programs per SM, bf16 products, how
+      # mix_grad's parts are summed), then the op at Wan 480p beside cuDNN (about 8 minutes)
+  run mix_tests 90 python3 -m pytest -q tests/test_mhla_triton.py -k "mix or real_sizes"
+  run mix_sweep 330 python3 benchmarks/sweep_mhla.py --mix
+  run attention_wan 60 python3 benchmarks/attention.py --methods "mhla triton,sdpa cudnn" \
+    --shapes "Wan2.1-1.3B 81f 480x832" --out "$out/attention.md"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -65,13 +65,14 @@ def sweep_mix(shapes):
         grad = lambda: T.launch_mix_grad(x["mixed"], sz, False, False)
         rows = []
         # (BK is used only when M*J > 64 blocks: none of these shapes with J = 1)
-        for bx, per_sm, warps, stages in itertools.product((64, 128, 256), (2, 4, 8), (4, 8), (2, 3, 4)):
-            T.KERNEL_CONFIGS["mix"] = dict(default, BX=bx, per_sm=per_sm, warps=warps, stages=stages)
-            rows.append((timed(mix), bx, per_sm, warps, stages))
+        for bx, per_sm, warps, stages, lowp in itertools.product((64, 128, 256), (2, 4, 8), (4, 8), (2, 3, 4),
+                                                                 (False, True)):
+            T.KERNEL_CONFIGS["mix"] = dict(default, BX=bx, per_sm=per_sm, warps=warps, stages=stages, lowp=lowp)
+            rows.append((timed(mix), bx, per_sm, warps, stages, lowp))
         T.KERNEL_CONFIGS["mix"] = dict(default)
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} mix (M={x['M']}, X={sz.shape[-1]}, copy of the summaries {timed(lambda: sz.clone()):.4f} ms): "
-              f"best (ms, BX, per_sm, warps, stages) {ok[:4]}; default {default} -> {timed(mix)}; worst {ok[-1]}",
+              f"best (ms, BX, per_sm, warps, stages, lowp) {ok[:4]}; default {default} -> {timed(mix)}; worst {ok[-1]}",
               flush=True)
         rows = []
         for xt, bk, warps, stages in itertools.product((256, 512, 1024, 2048), (32, 64, 128), (4, 8), (2, 3)):

@@ -299,6 +299,20 @@ def test_mix_kernel(device, monkeypatch, M, J, D, per_head, transpose, dtype, ou
     assert rel_err(out, want) < (1e-5 if ieee and out_dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="bf16 products (lowp) run on a GPU only: the interpreter's bf16 dot is wrong")
+@pytest.mark.parametrize("M,J,per_head,transpose", [(60, 1, False, False), (70, 2, True, True)])
+def test_mix_kernel_bf16_products(device, monkeypatch, M, J, per_head, transpose):
+    """The opt-in lowp mix (bf16 summaries times Mc rounded to bf16) against fp64, one K step and several."""
+    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix", dict(triton_op.KERNEL_CONFIGS["mix"], lowp=True))
+    B, H, X = 1, 3, 128 * 128 + 128
+    src = torch.randn(B, H, M * J, X, device=device).to(torch.bfloat16)
+    mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
+    out = triton_op.launch_mix(mix, src, J, False, transpose=transpose, out_dtype=torch.bfloat16)
+    a = mix.double().transpose(-1, -2) if transpose else mix.double()
+    want = torch.einsum("hik,bhkx->bhix", a.repeat_interleave(J, dim=-1).expand(H, M, M * J), src.double())
+    assert rel_err(out, want) < 1e-2
+
+
 def test_mix_rejects_bad_arguments(device):
     """Rows that are not M * J per head, strided rows, or no column programs raise instead of mixing wrongly."""
     src = torch.randn(1, 2, 6, 272, device=device)

@@ -2,7 +2,8 @@
 
 mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~ = Mc S, or Mc^T dS~)
                   J token splits of a block are summed by the same product. src and out may be bf16
-                  (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE).
+                  (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE), or with
+                  ``lowp`` (opt-in, not yet timed) bf16 x bf16 for bf16 summaries, Mc rounded to bf16.
                   Each program owns a row tile and walks every P-th column tile (P column programs, a few
                   programs per SM in all): A is read once per program when K fits one step (not once per
                   column tile), and each program streams long enough for the pipeline to overlap its loads.
@@ -30,8 +31,19 @@ def _dot(a, s, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _operand(x, SRC, LOWP: tl.constexpr):
+    """A product operand: in the summaries' own half-precision dtype when LOWP (Mc rounded to it, ~2^-9), else fp32."""
+    if LOWP:
+        y = x.to(SRC.dtype.element_ty)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
 def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, P, X: tl.constexpr,
-               BM: tl.constexpr, BK: tl.constexpr, BX: tl.constexpr, ONE_K: tl.constexpr, IEEE: tl.constexpr):
+               BM: tl.constexpr, BK: tl.constexpr, BX: tl.constexpr, ONE_K: tl.constexpr, IEEE: tl.constexpr,
+               LOWP: tl.constexpr):
     bh = tl.program_id(0)
     i = tl.program_id(2) * BM + tl.arange(0, BM)
     imask = i < M
@@ -41,8 +53,8 @@ def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, P, X: tl.constexpr,
     if ONE_K:  # all of K in one step: this program's A tile and src row starts, once for all its column tiles
         kk = tl.arange(0, BK)
         kmask = kk < K
-        a_once = tl.load(arow + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :],
-                         other=0.0).to(tl.float32)
+        a_once = _operand(tl.load(arow + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :], other=0.0),
+                          SRC, LOWP)
         srows = src + kk[:, None].to(tl.int64) * X
     for c in range(tl.program_id(1), tl.cdiv(X, BX), P):  # column tiles c = pid1, pid1 + P, ...
         x = c * BX + tl.arange(0, BX)
@@ -50,16 +62,16 @@ def mix_kernel(A, SRC, OUT, sah, sai, saj, H, M, K, J, P, X: tl.constexpr,
         acc = tl.zeros((BM, BX), dtype=tl.float32)
         if ONE_K:
             s = tl.load(srows + x[None, :], mask=kmask[:, None] & xmask[None, :], other=0.0)
-            acc = _dot(a_once, s.to(tl.float32), acc, IEEE)
+            acc = _dot(a_once, _operand(s, SRC, LOWP), acc, IEEE)
         else:
             for k0 in range(0, K, BK):
                 kk = k0 + tl.arange(0, BK)
                 kmask = kk < K
-                a = tl.load(arow + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :],
-                            other=0.0).to(tl.float32)
+                a = _operand(tl.load(arow + (kk // J)[None, :] * saj, mask=imask[:, None] & kmask[None, :], other=0.0),
+                             SRC, LOWP)
                 s = tl.load(src + kk[:, None].to(tl.int64) * X + x[None, :], mask=kmask[:, None] & xmask[None, :],
                             other=0.0)
-                acc = _dot(a, s.to(tl.float32), acc, IEEE)
+                acc = _dot(a, _operand(s, SRC, LOWP), acc, IEEE)
         tl.store(out + x[None, :], acc.to(OUT.dtype.element_ty), mask=imask[:, None] & xmask[None, :])
 
 

@@ -82,7 +82,8 @@ KERNEL_CONFIGS = {
     # fp32: the settings for fp32 inputs, whose IEEE products over a one-step K spill registers at 4 warps
     # (ptxas for sm_90a under triton 3.6 and 3.8: 0.3-12 KB at 64 or 128 columns; none with these; over
     # 16-block steps at most 12 bytes)
-    "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=3, fp32=dict(BX=64, warps=8)),
+    # lowp: bf16 summaries multiplied in bf16 (Mc rounded to bf16), not tf32 after an fp32 copy; opt-in, not yet timed
+    "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=3, lowp=False, fp32=dict(BX=64, warps=8)),
     # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
     # against 1,024 and 32: sweep_mhla.py --mix, twelfth session). sum: how the per-program parts are added,
     # "torch" (a reduction over the part axes; 10.2 us at Wan 480p under the profiler, fourteenth session) or
@@ -252,7 +253,7 @@ def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, colu
     P = min(column_programs, col_tiles)
     mix_kernel[(B * H, P, row_tiles)](
         m, src, out, sah, sai, saj, H, M, K, J, P, X, BM=BM, BK=BK, BX=BX, ONE_K=one_k, IEEE=ieee,
-        num_warps=c["warps"], num_stages=c["stages"])
+        LOWP=_lowp("mix", src.dtype) and not ieee, num_warps=c["warps"], num_stages=c["stages"])
     return out
 
 
