@@ -393,6 +393,31 @@ def test_mix_grad_parts_summed(device, monkeypatch, how, per_head):
     assert rel_err(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("per_head,least,expect", [(False, 3, False), (False, 2, True), (True, 6, True),
+                                                    (True, 7, False)])
+def test_mix_grad_sum_auto(device, monkeypatch, per_head, least, expect):
+    """sum="auto" launches part_sum_kernel only when it has at least sum_programs programs: M*M = 25 outputs in
+    tiles of 16 make 2, times 3 heads for a per-head Mc; the result is right either way."""
+    c = triton_op.KERNEL_CONFIGS["mix_grad"]
+    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix_grad",
+                        dict(c, XT=64, BK=32, sum="auto", sum_programs=least, BR=4, BY=16))
+    launched = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return part_sum[grid]
+
+    part_sum = triton_op.part_sum_kernel
+    monkeypatch.setattr(triton_op, "part_sum_kernel", Recorded())
+    B, H, M, X = 2, 3, 5, 16 * 16 + 16
+    left, right = (torch.randn(B, H, M, X, device=device) for _ in range(2))
+    got = triton_op.launch_mix_grad(left, right, per_head, True)
+    want = torch.einsum("bhix,bhjx->hij" if per_head else "bhix,bhjx->ij", left.double(), right.double())
+    assert rel_err(got, want) < 1e-5
+    assert bool(launched) == expect, launched
+
+
 def rope_tables(N, D, device, dtype=torch.float32):
     """Random angle tables as the Wan processor passes them: strided (N, D/2) views of (1, N, 1, D)
     tables that repeat each angle for its channel pair."""

@@ -87,13 +87,17 @@ KERNEL_CONFIGS = {
     # fp32: the settings for fp32 inputs, whose IEEE products over a one-step K spill registers at 4 warps
     # (ptxas for sm_90a under triton 3.6 and 3.8: 0.3-12 KB at 64 or 128 columns; none with these; over
     # 16-block steps at most 12 bytes)
-    # lowp: bf16 summaries multiplied in bf16 (Mc rounded to bf16), not tf32 after an fp32 copy; opt-in, not yet timed
-    "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=3, lowp=False, fp32=dict(BX=64, warps=8)),
+    # lowp: bf16 summaries multiplied in bf16 (Mc rounded to bf16), not tf32 after an fp32 copy. Sixteenth session,
+    # the same sweep: Wan 480p 27.3 -> 11.0 us (the summaries' copy takes 11.1), SANA 4K 13.5 -> 5.8, DiT-XL/2 512 px
+    # 9.6 -> 9.2 (4 stages; 3 was within 3% everywhere)
+    "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=4, lowp=True, fp32=dict(BX=64, warps=8, stages=3)),
     # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
     # against 1,024 and 32: sweep_mhla.py --mix, twelfth session). sum: how the per-program parts are added,
-    # "torch" (a reduction over the part axes; 10.2 us at Wan 480p under the profiler, fourteenth session) or
-    # "triton" (part_sum_kernel, BR parts a step, BY outputs per program; not yet timed on the GPU)
-    "mix_grad": dict(XT=512, BK=64, warps=4, stages=3, sum="torch", BR=32, BY=128),
+    # "torch" (a reduction over the part axes; 10.2 us at Wan 480p under the profiler, fourteenth session),
+    # "triton" (part_sum_kernel, BR parts a step, BY outputs per program) or "auto": triton when its launch has at
+    # least sum_programs programs. mix_grad with the sum, sixteenth session: Wan 480p 26.6 us with torch's, 23.3 with
+    # part_sum_kernel (57 programs); SANA 4K 17.1 / 14.7 (64); DiT-XL/2 512 px 21.4 / 27.9 (4 programs)
+    "mix_grad": dict(XT=512, BK=64, warps=4, stages=3, sum="auto", sum_programs=32, BR=16, BY=64),
 }
 
 
@@ -283,10 +287,12 @@ def launch_mix_grad(dmixed, block_sz, per_head, ieee):
     mix_grad_kernel[(B * H, NT, triton.cdiv(M, BM) ** 2)](
         dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c["BK"], IEEE=ieee, num_warps=c["warps"],
         num_stages=c["stages"])
-    if c.get("sum", "torch") == "torch":
+    groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
+    programs = triton.cdiv(M * M, c["BY"]) * heads
+    how = c.get("sum", "torch")
+    if how == "torch" or (how == "auto" and programs < c["sum_programs"]):
         return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
     out = _new((H, M, M) if per_head else (M, M), dmixed, torch.float32)
-    groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
     part_sum_kernel[(triton.cdiv(M * M, c["BY"]), heads)](
         part, out, groups, rows, H * NT, NT if per_head else 0, M * M, BR=c["BR"], BY=c["BY"])
     return out
