@@ -40,9 +40,9 @@ REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # gradients are bf16 then: triton_op.summary_dtype)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
             "SZ": "bf16", "SZM": "bf16", "DSZ": "bf16", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
-            "order": "i32", "offsets": "i32", "W": "fp32", "RS": "fp32"}
+            "order": "i32", "offsets": "i32"}
 FLOATS = {"eps", "scale"}
-KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense", "query_grad_rows", "summary_weighted")
+KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense")
 UNIT_STRIDES = {"sqd", "skd", "svd", "sod", "sgd", "sdd", "sdkd", "sdvd"}  # the head dim is contiguous
 
 
@@ -108,17 +108,14 @@ def row_stride_args(fn, D: int) -> dict:
     return out
 
 
-def chunked_constexprs(name, D, fp32=False, rope=False, variant=None, **extra):
+def chunked_constexprs(name, D, fp32=False, rope=False, **extra):
     """(constexprs, warps, stages) of a chunked kernel as its launcher would launch it: fp32 inputs
-    multiply exactly (IEEE dots), and with RoPE too they take the smaller fp32-with-RoPE tiles.
-    ``variant``: query_grad's split-off dq pass ("rows", ROW_SCALARS) or the weighted summary ("weighted")."""
-    BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope, fp32=fp32, variant=variant)
+    multiply exactly (IEEE dots), and with RoPE too they take the smaller fp32-with-RoPE tiles."""
+    BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope, fp32=fp32)
     fn = {"summary": summary_kernel, "apply": apply_kernel, "query_grad": query_grad_kernel,
           "key_grad": key_grad_kernel}[name]
-    flags = {"summary": dict(WEIGHTS=variant == "weighted"),
-             "query_grad": dict(ROW_SCALARS=variant == "rows")}.get(name, {})
-    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope,
-             PREFETCH=T._prefetch(name, variant), **{**flags, **extra}, **row_stride_args(fn, D))
+    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, PREFETCH=T._prefetch(name),
+             **extra, **row_stride_args(fn, D))
     return c, warps, stages
 
 
@@ -135,12 +132,6 @@ def reports(D: int, only=(), fp32=False, rope=False):
                        io),
         "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, fp32, rope, LOWP=lowp), io),
         "dense": (dense_forward_kernel, dense_constexprs(D, dtype, rope=rope, normalize=True), io),
-        # query_grad in two launches (KERNEL_CONFIGS["query_grad"]["split"]): dq with the token scalars, then
-        # the summary kernel on (q, g) weighted by them
-        "query_grad_rows": (query_grad_kernel, chunked_constexprs("query_grad", D, fp32, rope, "rows",
-                                                                  NORMALIZE=True, LOWP=lowp), io),
-        "summary_weighted": (summary_kernel, chunked_constexprs("summary", D, fp32, rope, "weighted",
-                                                                DOT_F32=fp32), io),
     }
     out = {}
     for name, (fn, (consts, warps, stages), pointers) in plans.items():

@@ -6,7 +6,6 @@ KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
     python benchmarks/sweep_mhla.py --kernels query_grad,key_grad   # only these, at Wan 480p
     python benchmarks/sweep_mhla.py --kernels summary,apply --shape "DiT-XL/2 512px"   # at another shape
     python benchmarks/sweep_mhla.py --dense    # only the dense kernel's tiles, DiT shapes
-    python benchmarks/sweep_mhla.py --query-grad-split   # query_grad in one launch or two, and the op with each
 """
 
 import argparse
@@ -114,58 +113,6 @@ def sweep_dense(shapes, defaults):
         print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
 
 
-def op_fwd_bwd(s, dtype=torch.bfloat16):
-    """A CUDA-graph-timed forward+backward of the whole op at shape ``s`` (gradients of q, k, v and Mc)."""
-    B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
-    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-    mix = locality_mix(s.blocks).cuda().requires_grad_()
-    g = torch.randn_like(q)
-    return lambda: torch.autograd.grad(T.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu"),
-                                       (q, k, v, mix), g)
-
-
-def sweep_query_grad_split(s, op_shapes):
-    """query_grad in one launch (the default) against two (``split``: dq and the token scalars at the ``rows``
-    settings, then the summary kernel weighted by them at its ``weighted`` settings) at shape ``s``; then the
-    op's forward+backward with each at ``op_shapes``, the split one at the sweep's best settings."""
-    qg, sm = dict(T.KERNEL_CONFIGS["query_grad"]), dict(T.KERNEL_CONFIGS["summary"])
-    x = chunked_inputs(s, 1)
-    call = kernel_calls(x)["query_grad"]
-    T.KERNEL_CONFIGS["query_grad"] = dict(qg, split=False)
-    one = timed(call)
-    print(f"{s.name} query_grad in one launch: {one} ms; the summary kernel alone: "
-          f"{timed(kernel_calls(x)['summary'])} ms", flush=True)
-    rows = []
-    for bt, warps, stages, ahead in itertools.product((16, 32, 64), (4, 8), (2, 3), (False, True)):
-        T.KERNEL_CONFIGS["query_grad"] = dict(qg, split=True, rows=dict(BT=bt, warps=warps, stages=stages,
-                                                                        prefetch=ahead))
-        rows.append((timed(call), bt, warps, stages, ahead))
-    ok = sorted(r for r in rows if not isinstance(r[0], str))
-    print(f"  split, the rows launch's settings (ms, BT, warps, stages, prefetch) with weighted {sm['weighted']}: "
-          f"best {ok[:4]}; worst {ok[-1]}", flush=True)
-    best_rows = dict(zip(("BT", "warps", "stages", "prefetch"), ok[0][1:]))
-    T.KERNEL_CONFIGS["query_grad"] = dict(qg, split=True, rows=best_rows)
-    rows = []
-    for bt, warps, stages, ahead in itertools.product((32, 64), (4, 8), (2, 3), (False, True)):
-        T.KERNEL_CONFIGS["summary"] = dict(sm, weighted=dict(BT=bt, warps=warps, stages=stages, prefetch=ahead))
-        rows.append((timed(call), bt, warps, stages, ahead))
-    ok = sorted(r for r in rows if not isinstance(r[0], str))
-    print(f"  split, the weighted summary's settings (ms, BT, warps, stages, prefetch) with rows {best_rows}: "
-          f"best {ok[:4]}; worst {ok[-1]}", flush=True)
-    best_weighted = dict(zip(("BT", "warps", "stages", "prefetch"), ok[0][1:]))
-    del x
-    for shape in op_shapes:
-        fb = op_fwd_bwd(shape)
-        T.KERNEL_CONFIGS["query_grad"], T.KERNEL_CONFIGS["summary"] = dict(qg, split=False), dict(sm)
-        fused = timed(fb)
-        T.KERNEL_CONFIGS["query_grad"] = dict(qg, split=True, rows=best_rows)
-        T.KERNEL_CONFIGS["summary"] = dict(sm, weighted=best_weighted)
-        print(f"{shape.name} op forward+backward: query_grad in one launch {fused} ms, split {timed(fb)} ms",
-              flush=True)
-        del fb
-    T.KERNEL_CONFIGS["query_grad"], T.KERNEL_CONFIGS["summary"] = qg, sm
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -173,8 +120,6 @@ def main():
     ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at --shape")
     ap.add_argument("--shape", default="Wan2.1-1.3B 81f 480x832", help="the shape --kernels sweeps at")
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
-    ap.add_argument("--query-grad-split", action="store_true",
-                    help="query_grad in one launch or two (at --shape), then the op with each at the chunked shapes")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
     defaults = {k: dict(v) for k, v in T.KERNEL_CONFIGS.items()}
@@ -186,9 +131,6 @@ def main():
         return
     if args.shape not in shapes:
         ap.error(f"--shape={args.shape!r} is not one of {', '.join(shapes)}")
-    if args.query_grad_split:
-        sweep_query_grad_split(shapes[args.shape], [s for s in GPU_SHAPES if s.tokens >= 1024])
-        return
     wan, dit256, dit512 = shapes["Wan2.1-1.3B 81f 480x832"], shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]
     only = [k for k in args.kernels.split(",") if k]
     grid = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))

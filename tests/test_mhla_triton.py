@@ -228,58 +228,6 @@ def test_token_ids_loaded_ahead_or_not(device, monkeypatch, normalize, rope, dty
         assert rel_err(a, b) < TOL[dtype], name
 
 
-@pytest.mark.parametrize("normalize,rope,splits,tile,fmap", [(True, False, 1, 128, "elu1"),
-                                                             (False, True, 2, 128, "relu"),
-                                                             (True, True, 1, 16, "relu")])
-def test_query_grad_split(device, monkeypatch, normalize, rope, splits, tile, fmap):
-    """query_grad in two launches (KERNEL_CONFIGS["query_grad"]["split"]: dq with each token's 1/den and dden,
-    then the summary kernel weighted by them sums dS~ and dz~), bf16 inputs: the gradients against the fp64
-    reference, and against the one-launch kernel's. 16-token steps over blocks of 30 to 36 tokens (ragged last
-    steps); tile 16 spreads D = 24 over two column tiles, where only the first writes the token scalars."""
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "summary", dict(triton_op.KERNEL_CONFIGS["summary"],
-                                                                 TILE=tile, weighted=dict(BT=16)))
-    grid, blocks = (12, 11), (2, 2)
-    q, k, v = make(1, grid, 2, 24, torch.bfloat16, device, fmap)
-    mix = torch.rand(2, 4, 4, device=device)
-    tables = rope_tables(math.prod(grid), 24, device) if rope else None
-    r_in = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
-    r = mhla_reference(*r_in, grid, blocks, feature_map=fmap, normalize=normalize,
-                       rope=tuple(t.double() for t in tables) if rope else None)
-    g = torch.randn(r.shape, device=device, dtype=torch.bfloat16)
-    want = torch.autograd.grad(r, r_in, g.double())
-    got = {}
-    for split in (False, True):
-        monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "query_grad", dict(
-            triton_op.KERNEL_CONFIGS["query_grad"], TILE=tile, split=split, rows=dict(BT=16)))
-        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
-        o = mhla_triton(*inputs, grid, blocks, feature_map=fmap, normalize=normalize, algorithm="chunked",
-                        splits=splits, rope=tables)
-        got[split] = torch.autograd.grad(o, inputs, g)
-        for name, a, b in zip("qkvm", got[split], want):
-            assert rel_err(a, b) < TOL[torch.bfloat16], (split, name)
-    for name, a, b in zip("qkvm", got[True], got[False]):
-        assert rel_err(a, b) < 5e-3, name
-
-
-@pytest.mark.skipif(not ON_GPU, reason="real sizes need a GPU")
-@pytest.mark.parametrize("B,grid,H,D,blocks", [(1, (21, 30, 52), 12, 128, (3, 5, 4)), (2, (1000,), 4, 100, (7,))])
-def test_query_grad_split_real_sizes_on_gpu(monkeypatch, B, grid, H, D, blocks):
-    """The split query_grad at its own settings (bf16 products, the rows and weighted launches' tiles), bf16."""
-    cfg = triton_op.KERNEL_CONFIGS["query_grad"]
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "query_grad", dict(cfg, split=True))
-    device = torch.device("cuda")
-    q, k, v = make(B, grid, H, D, torch.bfloat16, device, "relu")
-    M = math.prod(blocks)
-    mix = torch.rand(M, M, device=device)
-    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
-    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
-    o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="chunked")
-    r = mhla_reference(*refs, grid, blocks, feature_map="relu")
-    g = torch.randn_like(o)
-    for name, a, b in zip("qkvm", torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())):
-        assert rel_err(a, b) < TOL[torch.bfloat16], name
-
-
 @pytest.mark.parametrize("normalize,rope,dtype", [(True, False, torch.float32), (False, False, torch.float32),
                                                   (True, True, torch.float32), (True, False, torch.bfloat16),
                                                   (False, False, torch.bfloat16), (True, True, torch.bfloat16)])

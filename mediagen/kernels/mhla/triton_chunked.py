@@ -51,15 +51,12 @@ from .triton_common import (feature, feature_grad, first_column, hi_lo_columns, 
 
 
 @triton.jit
-def summary_kernel(K, V, SZ, order, offsets, COS, SIN, W,
+def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
                    skb, skn, skh, skd, svb, svn, svh, svd, sct, scj, sst, ssj,
-                   H, MJ, J, N, D: tl.constexpr, X,
+                   H, MJ, J, D: tl.constexpr, X,
                    BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
-                   AL: tl.constexpr, PREFETCH: tl.constexpr, WEIGHTS: tl.constexpr):
-    # WEIGHTS: per-token weights W (B*H, 2, N) fp32 weigh the tokens, S = sum w0_s phi(k_s) v_s^T and
-    # z = sum w1_s phi(k_s): the backward's dS~ = sum_t (q~_t / den_t) g_t^T and dz~ = sum_t q_t dden_t
-    # from query_grad_kernel's ROW_SCALARS (K = q, V = g)
+                   AL: tl.constexpr, PREFETCH: tl.constexpr):
     skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL  # (AL: module doc)
     bh = tl.program_id(0)
     ij = tl.program_id(1)
@@ -97,17 +94,12 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN, W,
             c, s = rope_tables(COS, SIN, tok, rmask, sct, scj, sst, ssj, 0, BD // 2, D)
             kn = rotate(kf, c, s, BT, BD, False)
         vt = tl.load(vbase + tok[:, None] * svn + e[None, :] * svd, mask=rmask[:, None] & emask[None, :], other=0.0)
-        zcol = ones
-        if WEIGHTS:  # w0 on v's rows (the narrower tile), w1 as z's column; in the product dtype
-            wrow = W + bh.to(tl.int64) * 2 * N + tok
-            vt = (vt.to(tl.float32) * tl.load(wrow, mask=rmask, other=0.0)[:, None]).to(ones.dtype)
-            zcol = (ones.to(tl.float32) * tl.load(wrow + N, mask=rmask, other=0.0)[:, None]).to(ones.dtype)
         if DOT_F32:
             acc += _dot(tl.trans(kn), vt.to(tl.float32), IEEE)
-            accz += _dot(tl.trans(kf), zcol, IEEE)
+            accz += _dot(tl.trans(kf), ones, IEEE)
         else:
             acc += tl.dot(tl.trans(kn.to(vt.dtype)), vt)
-            accz += tl.dot(tl.trans(kf.to(vt.dtype)), zcol)
+            accz += tl.dot(tl.trans(kf.to(vt.dtype)), ones)
     out = SZ + (bh.to(tl.int64) * MJ + ij) * X
     tl.store(out + d[:, None] * D + e[None, :], acc.to(SZ.dtype.element_ty), mask=dmask[:, None] & emask[None, :])
     if tile == 0:
@@ -179,17 +171,14 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
 
 
 @triton.jit
-def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, RS, order, offsets, COS, SIN,
+def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
                       sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod, sdb, sdn, sdh, sdd,
                       sct, scj, sst, ssj,
-                      H, M, J, N, D: tl.constexpr, X: tl.constexpr, eps, scale,
+                      H, M, J, D: tl.constexpr, X: tl.constexpr, eps, scale,
                       BD: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                       FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
-                      LOWP: tl.constexpr, AL: tl.constexpr, PREFETCH: tl.constexpr, ROW_SCALARS: tl.constexpr):
+                      LOWP: tl.constexpr, AL: tl.constexpr, PREFETCH: tl.constexpr):
     # LOWP: half-precision inputs multiply in their own dtype (as apply_kernel's LOWP), fp32 accumulation.
-    # ROW_SCALARS: only dq here; each token's 1/den_t and dden_t (normalize=False: scale and 0) go to RS
-    # (B*H, 2, N) fp32, and summary_kernel's WEIGHTS sums dS~, dz~ from them. Without the D x TILE
-    # accumulator the program holds far fewer registers and can take longer token steps.
     # P = g S~^T is the numerator's gradient times den; with one column tile (TILE == BD) it also gives
     # delta_t = g_t.o_t = qn_t.P_t / den_t, so o is read only when the head dim spans several tiles.
     sqb, sqn, sqh, sgb, sgn, sgh = sqb * AL, sqn * AL, sqh * AL, sgb * AL, sgn * AL, sgh * AL
@@ -273,27 +262,15 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, RS, order, offsets, COS, SIN,
             q_e = tl.load(qbase + tok[:, None] * sqn + e[None, :] * sqd, mask=tmask, other=0.0).to(tl.float32)
         dq = dq * feature_grad(q_e, FEATURE)
         tl.store(dbase + tok[:, None] * sdn + e[None, :] * sdd, dq.to(DQ.dtype.element_ty), mask=tmask)
-        if ROW_SCALARS:
-            if tile == 0:
-                rs = RS + bh.to(tl.int64) * 2 * N + tok
-                if NORMALIZE:
-                    tl.store(rs, inv, mask=rmask)
-                    tl.store(rs + N, dden, mask=rmask)
-                else:
-                    tl.store(rs, tl.full((BT,), scale, tl.float32), mask=rmask)
-                    tl.store(rs + N, tl.zeros((BT,), tl.float32), mask=rmask)
-        else:
-            accS += _dot(tl.trans(qs.to(dt)), g_e.to(dt), IEEE)
-            if NORMALIZE:
-                accz += qf * dden[:, None]
-    if not ROW_SCALARS:
-        if not NORMALIZE:
-            accS = accS * scale
-        out = DSZ + (bh.to(tl.int64) * M * J + ij) * X
-        tl.store(out + d[:, None] * D + e[None, :], accS.to(DSZ.dtype.element_ty),
-                 mask=dmask[:, None] & emask[None, :])
-        if tile == 0:
-            tl.store(out + D * D + d, tl.sum(accz, axis=0).to(DSZ.dtype.element_ty), mask=dmask)
+        accS += _dot(tl.trans(qs.to(dt)), g_e.to(dt), IEEE)
+        if NORMALIZE:
+            accz += qf * dden[:, None]
+    if not NORMALIZE:
+        accS = accS * scale
+    out = DSZ + (bh.to(tl.int64) * M * J + ij) * X
+    tl.store(out + d[:, None] * D + e[None, :], accS.to(DSZ.dtype.element_ty), mask=dmask[:, None] & emask[None, :])
+    if tile == 0:
+        tl.store(out + D * D + d, tl.sum(accz, axis=0).to(DSZ.dtype.element_ty), mask=dmask)
 
 
 @triton.jit

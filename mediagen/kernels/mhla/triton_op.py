@@ -60,17 +60,12 @@ KERNEL_CONFIGS = {
     # prefetch: load the next token step's ids during this step (fourteenth session, Wan 480p, the kernels
     # alone: summary 76.7 -> 72.6 us, query_grad 250.6 -> 214.9 us with 3 stages instead of 2; apply and
     # key_grad were slower with it; benchmarks/RESULTS.md)
-    # weighted: the launch that sums query_grad's dS~ when it is split (launch_query_grad), not yet timed
-    "summary": dict(TILE=128, BT=64, warps=8, stages=3, prefetch=True, one_step=dict(stages=1),
-                    weighted=dict(BT=32, warps=8, stages=3)),
+    "summary": dict(TILE=128, BT=64, warps=8, stages=3, prefetch=True, one_step=dict(stages=1)),
     # fp32: the settings for fp32 inputs (exact IEEE products, with or without RoPE). At the bf16 tiles apply and
     # key_grad fall back to 32 registers and spill 18-55 KB per thread (kernel_resources.py --fp32); on the H200
     # at Wan 480p (fourteenth session) apply took 22.5 ms there against 0.58 ms here, key_grad 58.0 against 4.78
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, fp32=dict(BT=16, warps=8, stages=2)),
-    # split: half-precision inputs take two launches (launch_query_grad), dq and the token scalars at the
-    # ``rows`` settings, then the summary kernel on (q, g) weighted by them; opt-in, not yet timed
-    "query_grad": dict(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True,
-                       split=False, rows=dict(BT=32, warps=8, stages=2)),
+    "query_grad": dict(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True),
     "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1),
                      fp32=dict(BT=16, TILE=32, warps=4, stages=2)),
     "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
@@ -113,26 +108,20 @@ def _lowp(name: str, dtype) -> bool:
     return KERNEL_CONFIGS[name].get("lowp", False) and dtype != torch.float32 and not _interpreting()
 
 
-def _prefetch(name: str, variant: Optional[str] = None) -> bool:
-    """Whether chunked kernel ``name`` loads the next token step's ids during this step (``prefetch``;
-    ``variant``: a sub-dict of settings that replace the kernel's, as in ``_config``)."""
-    c = KERNEL_CONFIGS[name]
-    return bool({**c, **c.get(variant, {})}.get("prefetch", False))
+def _prefetch(name: str) -> bool:
+    """Whether chunked kernel ``name`` loads the next token step's ids during this step (``prefetch``)."""
+    return bool(KERNEL_CONFIGS[name].get("prefetch", False))
 
 
-def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False,
-            variant: Optional[str] = None):
+def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False):
     """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32``: fp32 inputs, which take
     the kernel's ``fp32`` settings where it has them. ``fp32_rope``: fp32 inputs with RoPE, whose rotated
     copies of the tiles need more shared memory (32-token steps from D=128, 16 at D=256: key_grad's 32-token
     steps need 256 KiB there, `benchmarks/kernel_resources.py`). ``tokens``: the most tokens one program
-    walks, when known; when that is one token step, the kernel's ``one_step`` settings apply. ``variant``: the
-    key of a sub-dict of settings that replace the kernel's for that launch."""
+    walks, when known; when that is one token step, the kernel's ``one_step`` settings apply."""
     c = KERNEL_CONFIGS[name]
     if fp32 or fp32_rope:
         c = {**c, **c.get("fp32", {})}
-    if variant:  # a launch with settings of its own (query_grad's "rows", the summary's "weighted")
-        c = {**c, **c.get(variant, {})}
     BD = max(16, triton.next_power_of_2(D))
     if BD < 128 or (BD == 128 and not fp32_rope):
         BT = c["BT"]
@@ -220,25 +209,21 @@ def _tokens_per_program(largest, J, dtype):
     return None if largest is None or dtype == torch.float32 else -(-largest // J)
 
 
-def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None, weights=None):
-    """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings).
-    ``weights``: (B*H, 2, N) fp32 per-token weights of the summary's rows and of z (summary_kernel's WEIGHTS)."""
+def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
+    """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings)."""
     B, N, H, D = k.shape
     fp32 = k.dtype == torch.float32
-    variant = None if weights is None else "weighted"
     BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and fp32,
-                                          _tokens_per_program(largest, J, k.dtype), fp32=fp32, variant=variant)
+                                          _tokens_per_program(largest, J, k.dtype), fp32=fp32)
     X = D * D + D
     sz = _new((B, H, M * J, X), k, summary_dtype(k.dtype))
     tables, tstrides, rope = _rope_args(cos, sin, k)
     al = stride_unit(k, v)
     summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, sz, order, offsets, *tables, k if weights is None else weights, *row_strides(k, al),
-        *row_strides(v, al), *tstrides, H, M * J, J, N, D, X,
+        k, v, sz, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *tstrides, H, M * J, J, D, X,
         BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
-        IEEE=k.dtype == torch.float32, ROPE=rope, AL=al, PREFETCH=_prefetch("summary", variant),
-        WEIGHTS=weights is not None,
-        num_warps=warps, num_stages=stages)
+        IEEE=k.dtype == torch.float32, ROPE=rope, AL=al, PREFETCH=_prefetch("summary"), num_warps=warps,
+        num_stages=stages)
     return sz
 
 
@@ -373,30 +358,21 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     return o
 
 
-def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None,
-                      largest=None):
-    """(dq, dS~ parts (B, H, M*J, X)). With KERNEL_CONFIGS["query_grad"]["split"] (half-precision inputs) in two
-    launches: query_grad_kernel's ROW_SCALARS at the ``rows`` settings writes dq and per-token scalars, and
-    the summary kernel weighted by them sums dS~ and dz~ (reading q and g a second time)."""
+def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
-    fp32 = q.dtype == torch.float32
-    split = KERNEL_CONFIGS["query_grad"].get("split", False) and not fp32
-    variant = "rows" if split else None
-    BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and fp32, fp32=fp32, variant=variant)
+    BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and q.dtype == torch.float32,
+                                          fp32=q.dtype == torch.float32)
     X = D * D + D
     dq = _new((B, N, H, D), q, q.dtype)
     dsz_part = _new((B, H, M * J, X), q, summary_dtype(q.dtype))
-    scalars = _new((B * H, 2, N), q, torch.float32) if split else q
     tables, tstrides, rope = _rope_args(cos, sin, q)
     al = stride_unit(q, g, o, dq)
     query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, g, o, mixed, dq, dsz_part, scalars, order, offsets, *tables, *row_strides(q, al), *row_strides(g, al),
-        *row_strides(o, al), *row_strides(dq, al), *tstrides, H, M, J, N, D, X, eps, scale,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=fp32,
-        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), AL=al, PREFETCH=_prefetch("query_grad", variant),
-        ROW_SCALARS=split, num_warps=warps, num_stages=stages)
-    if split:
-        dsz_part = launch_summary(q, g, order, offsets, M, J, fcode, cos, sin, largest, weights=scalars)
+        q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *row_strides(q, al), *row_strides(g, al),
+        *row_strides(o, al), *row_strides(dq, al), *tstrides, H, M, J, D, X, eps, scale,
+        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
+        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), AL=al, PREFETCH=_prefetch("query_grad"),
+        num_warps=warps, num_stages=stages)
     return dq, dsz_part
 
 
@@ -447,8 +423,7 @@ def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, f
     if sz.numel() == 0:  # the dense forward kept no summaries
         sz = launch_summary(k, v, order, offsets, M, J, fcode, cos, sin, largest)
         mixed = launch_mix(mix, sz, J, ieee, out_dtype=sz.dtype)
-    dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos, sin,
-                                     largest)
+    dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos, sin)
     # dS~ per query block (split parts summed in fp32)
     dmixed = dsz_part.view(B, H, M, J, X).sum(3, dtype=torch.float32) if J > 1 else dsz_part
     dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True, out_dtype=dsz_part.dtype)  # dS_b = Mc^T dS~
