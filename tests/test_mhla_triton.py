@@ -301,9 +301,11 @@ def test_mix_kernel(device, monkeypatch, M, J, D, per_head, transpose, dtype, ou
 
 @pytest.mark.skipif(not ON_GPU, reason="bf16 products (lowp) run on a GPU only: the interpreter's bf16 dot is wrong")
 @pytest.mark.parametrize("M,J,per_head,transpose", [(60, 1, False, False), (70, 2, True, True)])
-def test_mix_kernel_bf16_products(device, monkeypatch, M, J, per_head, transpose):
-    """The opt-in lowp mix (bf16 summaries times Mc rounded to bf16) against fp64, one K step and several."""
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix", dict(triton_op.KERNEL_CONFIGS["mix"], lowp=True))
+@pytest.mark.parametrize("lowp", [True, False])
+def test_mix_kernel_bf16_products(device, monkeypatch, M, J, per_head, transpose, lowp):
+    """The mix of bf16 summaries against fp64, one K step and several: bf16 products with Mc rounded to bf16
+    (lowp, the default) or tf32 products of fp32 copies."""
+    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix", dict(triton_op.KERNEL_CONFIGS["mix"], lowp=lowp))
     B, H, X = 1, 3, 128 * 128 + 128
     src = torch.randn(B, H, M * J, X, device=device).to(torch.bfloat16)
     mix = torch.rand((H, M, M) if per_head else (M, M), device=device)

@@ -65,6 +65,8 @@ KERNEL_CONFIGS = {
     # key_grad fall back to 32 registers and spill 18-55 KB per thread (kernel_resources.py --fp32); on the H200
     # at Wan 480p (fourteenth session) apply took 22.5 ms there against 0.58 ms here, key_grad 58.0 against 4.78
     "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, fp32=dict(BT=16, warps=8, stages=2)),
+    # (query_grad in two launches, dq first and then dS~ by a weighted summary pass over q and g, was slower at every
+    # chunked shape: 254 against 215 us at Wan 480p, sixteenth session, benchmarks/RESULTS.md)
     "query_grad": dict(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True),
     "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1),
                      fp32=dict(BT=16, TILE=32, warps=4, stages=2)),
