@@ -85,8 +85,8 @@ KERNEL_CONFIGS = {
     # (ptxas for sm_90a under triton 3.6 and 3.8: 0.3-12 KB at 64 or 128 columns; none with these; over
     # 16-block steps at most 12 bytes)
     # lowp: bf16 summaries multiplied in bf16 (Mc rounded to bf16), not tf32 after an fp32 copy. Sixteenth session,
-    # the same sweep: Wan 480p 27.3 -> 11.0 us (the summaries' copy takes 11.1), SANA 4K 13.5 -> 5.8, DiT-XL/2 512 px
-    # 9.6 -> 9.2 (4 stages; 3 was within 3% everywhere)
+    # the same sweep, each shape's best: Wan 480p 27.3 -> 11.0 us (the summaries' copy takes 11.1), SANA 4K 13.5 -> 5.8,
+    # DiT-XL/2 512 px 9.6 -> 9.2. 4 stages is Wan 480p's best (3: 11.3 us); SANA 4K's best has 3 (with 4: >= 6.2 us)
     "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=4, lowp=True, fp32=dict(BX=64, warps=8, stages=3)),
     # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
     # against 1,024 and 32: sweep_mhla.py --mix, twelfth session). sum: how the per-program parts are added,
@@ -275,12 +275,12 @@ def launch_mix_grad(dmixed, block_sz, per_head, ieee):
         dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c["BK"], IEEE=ieee, num_warps=c["warps"],
         num_stages=c["stages"])
     groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
-    programs = triton.cdiv(M * M, c["BY"]) * heads
+    grid = (triton.cdiv(M * M, c["BY"]), heads)
     how = c.get("sum", "torch")
-    if how == "torch" or (how == "auto" and programs < c["sum_programs"]):
+    if how == "torch" or (how == "auto" and grid[0] * heads < c["sum_programs"]):
         return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
     out = _new((H, M, M) if per_head else (M, M), dmixed, torch.float32)
-    part_sum_kernel[(triton.cdiv(M * M, c["BY"]), heads)](
+    part_sum_kernel[grid](
         part, out, groups, rows, H * NT, NT if per_head else 0, M * M, BR=c["BR"], BY=c["BY"])
     return out
 
