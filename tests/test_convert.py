@@ -197,8 +197,8 @@ def test_bad_conversion_input_names_the_parameter(kwargs, words):
 
 def test_blocks_that_do_not_fit_the_runtime_grid():
     model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[3, 2, 2])
-    with pytest.raises(ValueError, match=r"blocks\[0\]=3 .*grid\[0\]=2"):
-        run(model, wan_inputs(frames=2))
+    # fewer frames than blocks[0]: MHLA runs on blocks fitted to the grid (2, 2, 2), see attention.mhla.fit_mix
+    assert torch.isfinite(run(model, wan_inputs(frames=2))).all()
     with pytest.raises(ValueError, match="width=7 is not a multiple of the patch size 2"):
         run(model, wan_inputs(width=7))
     with pytest.raises(ValueError, match="not supported"):

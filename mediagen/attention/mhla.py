@@ -12,6 +12,10 @@ Both take an optional ``rope=(cos, sin)``, angle tables (N, D/2) that rotate the
 phi(k) of the numerator only (a model's RoPE; the official Wan MHLA code rotates after the feature map
 and keeps the denominator un-rotated), fused into the kernels (``mediagen.kernels.mhla.rotation``):
     o_t = R(phi(q_t))^T S~^R_i(t) / (phi(q_t)^T z~_i(t) + eps),   S^R_b = sum_{s in b} R(phi(k_s)) v_s^T
+
+A grid shorter than the trained block count along some axis (a one-frame "video" for an image, a
+size smaller than the one trained) is served by ``fit_blocks`` / ``fit_mix``: see ``fit_mix`` for
+the rule. Wherever the trained blocks fit, the trained Mc is used as is.
 """
 
 from __future__ import annotations
@@ -41,11 +45,52 @@ def locality_mix(blocks: Sequence[int]) -> torch.Tensor:
     return (w / w.sum(dim=1, keepdim=True)).float()
 
 
+def fit_blocks(blocks: Sequence[int], grid: Sequence[int]) -> tuple[int, ...]:
+    """Block counts that fit ``grid``: per axis b' = min(b, L), since every block needs a token."""
+    return tuple(min(int(b), int(g)) for b, g in zip(blocks, grid))
+
+
+def _kept_block_ids(blocks: tuple[int, ...], fitted: tuple[int, ...], device) -> torch.Tensor:
+    """Row-major ids, on the trained block grid, of the blocks (j_0, ..., j_k) with j_a < fitted[a]."""
+    ids = torch.zeros((), dtype=torch.int64)
+    for b, f in zip(blocks, fitted):
+        ids = ids[..., None] * b + torch.arange(f)
+    return ids.reshape(-1).to(device)
+
+
+def fit_mix(mix: torch.Tensor, blocks: Sequence[int], fitted: Sequence[int]) -> torch.Tensor:
+    """Mc for the fitted block layout ``fitted`` (``fit_blocks``), taken from the trained Mc.
+
+    Rule: along every axis whose block count shrinks from b to b', the grid keeps the trained blocks
+    0 .. b'-1 (the first slab: a one-frame clip is the first frame of a clip, whose tokens sit in the
+    first temporal block; on a shrunk spatial axis neighbouring tokens stay one block apart, as
+    neighbouring blocks were in training). Mc' is the sub-matrix of Mc on those blocks (rows and
+    columns), and each row is rescaled to keep its trained row sum: the weight a query block gave
+    to blocks that no longer exist is spread over the remaining ones in proportion to their trained
+    weights, so every row stays the weight distribution it was (rows of the initial Mc sum to 1).
+    With ``normalize=True`` that rescale cancels in numerator / denominator (up to eps); with
+    ``normalize=False`` it keeps the output's scale. A row whose kept entries are all zero stays
+    zero (nothing left to spread over). Differentiable in ``mix``; (M, M) and (H, M, M) alike.
+    """
+    blocks, fitted = tuple(int(b) for b in blocks), tuple(int(f) for f in fitted)
+    if fitted == blocks:
+        return mix
+    idx = _kept_block_ids(blocks, fitted, mix.device)
+    rows = mix.index_select(-2, idx)
+    sub = rows.index_select(-1, idx)
+    trained_sum = rows.sum(-1, keepdim=True)
+    kept_sum = sub.sum(-1, keepdim=True)
+    factor = torch.where(kept_sum > 0, trained_sum / kept_sum.clamp_min(torch.finfo(mix.dtype).tiny),
+                         torch.ones_like(kept_sum))
+    return sub * factor
+
+
 class MHLAttention(nn.Module):
     """Token-level multi-head linear attention over a (F, H, W), (H, W) or (N,) token grid.
 
     Args:
-        blocks: block count per grid axis; fixed, so Mc has a fixed size M = prod(blocks).
+        blocks: block count per grid axis; fixed, so Mc has a fixed size M = prod(blocks). A grid
+            shorter than that along an axis runs with ``fit_blocks``/``fit_mix`` (module docstring).
         heads: when given, each head gets its own Mc (H, M, M); otherwise one Mc is shared.
         feature_map: "relu" or "elu1", applied to q and k inside the kernel.
         normalize: divide by q~ . z~ + eps (True) or multiply by ``scale`` (False).
@@ -80,7 +125,8 @@ class MHLAttention(nn.Module):
         if len(grid) != len(self.blocks):
             raise ValueError(f"grid={grid} has {len(grid)} axes but this layer's blocks={self.blocks} "
                              f"has {len(self.blocks)}")
-        return self._attend(q, k, v, self.mix, grid, self.blocks, rope)
+        blocks = fit_blocks(self.blocks, grid)
+        return self._attend(q, k, v, fit_mix(self.mix, self.blocks, blocks), grid, blocks, rope)
 
     def _attend(self, q, k, v, mix, grid, blocks, rope):
         scale = self.scale if not self.normalize else None
