@@ -49,6 +49,8 @@ def test_missing_data_folder_and_inconsistent_settings(tmp_path):
                              "data.dataset=image-folder", f"data.path={tmp_path / 'nope'}"])
     with pytest.raises(ValueError, match=r"data.path=.*nope.* is not a folder"):
         build_dataset(cfg.data, cfg.task)
+    with pytest.raises(ConfigError, match="data.on_device=true needs data.dataset='moving-mnist'"):
+        load_config(None, ["output_dir=x", "model.preset=dit-tiny", "data.on_device=true"])
     with pytest.raises(ConfigError, match="needs model.pretrained"):
         load_config(None, ["output_dir=x", "model.preset=dit-tiny", "finetune.mode=lora"])
 

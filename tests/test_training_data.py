@@ -37,6 +37,29 @@ def test_moving_mnist_clips_move_as_captioned():
     assert np.array_equal(ds.clip(5)[0], MovingMNISTDataset(resolution=64, num_frames=12, length=50).clip(5)[0])
 
 
+@pytest.mark.parametrize("num_digits", [1, 2])
+def test_moving_mnist_batches_drawn_at_once_equal_clips_drawn_one_by_one(num_digits):
+    ds = MovingMNISTDataset(resolution=40, num_frames=6, num_digits=num_digits, length=100, seed=3)
+    ids = [7, 0, 42, 99, 13]
+    frames, digits, directions = ds.render(ids)
+    for row, i in enumerate(ids):
+        # the plan placed by hand: each digit at its rounded position on each frame, brighter pixel wins
+        ks, names, ys, xs = ds.plan(i)
+        want = np.zeros((6, 40, 40), np.float32)
+        for k, name, y0, x0 in zip(ks, names, ys, xs):
+            dy, dx = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}[name]
+            for t in range(6):
+                y, x = int(round(y0 + dy * ds.step * t)), int(round(x0 + dx * ds.step * t))
+                patch = want[t, y:y + ds.digit, x:x + ds.digit]
+                np.maximum(patch, ds.digits[k], out=patch)
+        assert np.array_equal(frames[row].numpy(), want)
+        assert digits[row] == [int(ds.labels[k]) for k in ks] and directions[row] == names
+    batch = ds.render_batch(ids, "cpu")
+    items = [ds[i] for i in ids]
+    assert batch["caption"] == [it["caption"] for it in items]
+    assert np.array_equal(batch["pixels"].numpy(), np.stack([it["pixels"].numpy() for it in items]))
+
+
 def test_image_folder_jsonl_csv_and_buckets(tmp_path):
     rng = np.random.default_rng(0)
     for name, (h, w) in {"a.png": (40, 80), "b.png": (80, 40), "c.jpg": (50, 50)}.items():

@@ -57,6 +57,16 @@ def test_mhla_text_to_video_with_text_cache_generates(tmp_path):
     assert frames.shape == (1, 4, 16, 16, 1)
 
 
+def test_batches_drawn_on_the_device_train_exactly_like_the_loader(tmp_path):
+    losses = {}
+    for on_device in (False, True):
+        cfg = tiny_config(tmp_path / f"wan-{on_device}", TINY_WAN, "train.max_steps=3", "checkpoint.every=100",
+                          "checkpoint.save_pipeline=false", f"data.cache_dir={tmp_path / 'cache'}",
+                          f"data.on_device={str(on_device).lower()}")
+        losses[on_device] = train(cfg)["losses"]
+    assert losses[True] == losses[False] and len(losses[True]) == 3
+
+
 def test_lora_and_conversion_finetunes(tmp_path):
     base = tmp_path / "base"
     train(tiny_config(base, TINY_DIT, "train.max_steps=3", "checkpoint.every=100"))

@@ -54,6 +54,8 @@ class Conditioner:
         self.cache = Path(cache_dir) if cache_dir else None
         self.tag = tag
         self.text_table: dict[str, torch.Tensor] = {}
+        self._rows: dict[str, int] = {}                   # caption key -> row of the stacked table
+        self._stacked: dict[str, torch.Tensor] = {}       # device -> (captions, L, C) table
         if self.cache is not None:
             (self.cache / f"latents-{tag}").mkdir(parents=True, exist_ok=True)
 
@@ -78,12 +80,19 @@ class Conditioner:
         if todo:
             _atomic_save(table, path)
         self.text_table = table
+        self._rows = {k: i for i, k in enumerate(table)}
+        self._stacked = {}
 
     def text_states(self, captions: list[str], device) -> torch.Tensor:
         if self.text_table:
-            missing = [c for c in captions if _key(c) not in self.text_table]
-            if not missing:
-                return torch.stack([self.text_table[_key(c)] for c in captions]).to(device)
+            rows = [self._rows.get(_key(c)) for c in captions]
+            if None not in rows:
+                # one gather from the table kept on the device, not a stack and copy per step
+                key = str(device)
+                if key not in self._stacked:
+                    self._stacked[key] = torch.stack(list(self.text_table.values())).to(device)
+                table = self._stacked[key]
+                return table[torch.tensor(rows, device=table.device)]
         return self._encode_text(captions, device)
 
     # --- latents -------------------------------------------------------------------------

@@ -83,6 +83,8 @@ class DataConfig:
     length: int = 100000                    # moving-mnist clips per epoch (generated on the fly)
     cache_dir: Optional[str] = None         # precomputed text embeddings / latents
     num_workers: int = 0
+    on_device: bool = False                 # moving-mnist: draw each batch on the training device (no
+                                            # loader workers; the GPU, not the CPU, then sets the pace)
 
 
 @dataclass
@@ -108,6 +110,7 @@ class TrainSection:
     distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
     seed: int = 0
     time_limit_minutes: float = 0.0         # > 0: checkpoint and stop after this much wall time (resume later)
+    compile: bool = False                   # torch.compile the transformer's forward (weights and names unchanged)
     sequence_parallel: bool = False         # text-to-video, all-MHLA: the launched processes share each sample's
                                             # tokens (blocks of the grid) instead of splitting the batch
 
@@ -184,6 +187,9 @@ def check_config(cfg) -> None:
                           "(e.g. dit-tiny) or a pretrained folder")
     if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}")
+    if cfg.data.on_device and cfg.data.dataset != "moving-mnist":
+        raise ConfigError(f"data.on_device=true needs data.dataset='moving-mnist' (clips drawn on the device); "
+                          f"data.dataset is {cfg.data.dataset!r}")
     if cfg.train.batch_size < 1 or cfg.train.max_steps < 1:
         raise ConfigError("train.batch_size and train.max_steps must be >= 1")
     if cfg.train.sequence_parallel and cfg.task != "text-to-video":

@@ -23,9 +23,10 @@ class EMA:
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
         d = self.current_decay()
-        for n, p in model.named_parameters():
-            if n in self.shadow:
-                self.shadow[n].lerp_(p.detach().float(), 1.0 - d)
+        pairs = [(self.shadow[n], p.detach()) for n, p in model.named_parameters() if n in self.shadow]
+        shadow = [s for s, _ in pairs]
+        weights = [w if w.dtype == s.dtype else w.float() for s, w in pairs]
+        torch._foreach_lerp_(shadow, weights, 1.0 - d)  # one fused launch per group, not one per tensor
         self.updates += 1
 
     @contextmanager

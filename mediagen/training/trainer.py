@@ -295,6 +295,9 @@ def train(cfg, on_step_end=None) -> dict:
     register_mix_clipping(optimizer, model)  # keeps MHLA's Mc in [0, 1]; no-op without MHLA layers
     scheduler = make_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     model.train()
+    if cfg.train.compile:
+        # compiles forward in place: parameter names, checkpoints and EMA stay those of the plain model
+        model.compile()
     if sp:
         from ..models.sequence_parallel import enable_sequence_parallel
 
@@ -316,9 +319,12 @@ def train(cfg, on_step_end=None) -> dict:
             conditioner.precompute_text(dataset.all_captions(), device)
 
     sampler = MicroBatchSampler(plan, start, cfg.train.max_steps, data_rank, data_world, accumulation)
-    loader = DataLoader(Indexed(dataset), batch_sampler=sampler, collate_fn=indexed_collate,
-                        num_workers=cfg.data.num_workers, persistent_workers=False)
-    batches = iter(loader)
+    if cfg.data.on_device and hasattr(dataset, "render_batch"):
+        batches = (dict(dataset.render_batch(ids, device), index=ids) for ids in sampler)
+    else:
+        loader = DataLoader(Indexed(dataset), batch_sampler=sampler, collate_fn=indexed_collate,
+                            num_workers=cfg.data.num_workers, persistent_workers=False)
+        batches = iter(loader)
     logger = Logger(cfg, acc.is_main_process, start)
     params = [p for p in prepared.parameters() if p.requires_grad]
     step = start

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Train the shipped Moving-MNIST text-to-video models (sdpa and mhla side by side on one GPU) within
+# one lease of the H200, in calls of at most 10 minutes:
+#   bash benchmarks/video_gpu.sh start MINUTES OUT   # install, time 30 steps of each config (eager and
+#                                                    # compiled), then start both runs in the background
+#   bash benchmarks/video_gpu.sh wait SECONDS OUT    # follow the runs (they train while the machine is held)
+#   bash benchmarks/video_gpu.sh finish OUT [ATTN..]  # stop, export the last common step, sample the
+#                                                    # 10 digits x 4 directions x 3 seeds grid, time sampling,
+#                                                    # pack the fp16 shipped folders into OUT (15 MB parts)
+# Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried.
+set -u
+phase=$1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MEDIAGEN_MINILM_PATH=$PWD/.minilm-fp16
+if [ -d .whl ]; then
+  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+fi
+MG="python3 -m mediagen.cli"
+R=/tmp/runs
+ATTNS=${ATTNS:-"sdpa mhla"}
+mkdir -p $R
+
+progress() {  # the last logged step and the median clips/s of the last 20 steps of each run
+  for a in $ATTNS; do
+    python3 - "$R/wan-mmnist-$a/metrics.jsonl" "$a" <<'PY'
+import json, sys, statistics
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])]
+except FileNotFoundError:
+    print(sys.argv[2], "no metrics yet"); raise SystemExit
+last = rows[-20:]
+print(f"{sys.argv[2]}: step {rows[-1]['step']} loss(last 20) {statistics.mean(r['loss'] for r in last):.4f} "
+      f"clips/s {statistics.median(r['samples_per_s'] for r in last):.0f}")
+PY
+  done
+}
+
+case $phase in
+start)
+  minutes=$2; out=$3; mkdir -p "$out"
+  nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
+  # throughput of each configuration alone: 30 steps, median of steps 11-30
+  for a in $ATTNS; do for c in false true; do
+    timeout $([ $c = true ] && echo 130 || echo 70) $MG train configs/train/wan-mmnist-$a.yaml train.max_steps=30 train.compile=$c \
+      output_dir=$R/bench-$a-$c checkpoint.every=1000 checkpoint.save_pipeline=false > "$out/bench-$a-$c.log" 2>&1
+    python3 - "$R/bench-$a-$c/metrics.jsonl" "$a compile=$c" <<'PY' | tee -a "$out/throughput.txt"
+import json, sys, statistics
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])][10:]
+    print(f"{sys.argv[2]}: {statistics.median(r['samples_per_s'] for r in rows):.0f} clips/s alone (batch 256)")
+except Exception as e:
+    print(f"{sys.argv[2]}: failed ({e})")
+PY
+  done; done
+  # compiled only when that pays for every attention (>= 10% more clips/s than eager)
+  compile=$(python3 - "$out/throughput.txt" <<'PY'
+import re, sys
+rate = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(\S+) compile=(\S+): (\d+) clips/s", line)
+    if m:
+        rate[m[1], m[2]] = int(m[3])
+atts = {a for a, _ in rate}
+print("true" if atts and all(rate.get((a, "true"), 0) >= 1.1 * rate.get((a, "false"), 1) for a in atts) else "false")
+PY
+)
+  echo "training with train.compile=$compile" | tee -a "$out/throughput.txt"
+  for a in $ATTNS; do
+    setsid nohup $MG train configs/train/wan-mmnist-$a.yaml train.time_limit_minutes=$minutes \
+      train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
+  done
+  while [ $SECONDS -lt ${HOLD:-540} ]; do sleep 30; done; progress
+  ;;
+wait)
+  secs=$2; out=$3; end=$((SECONDS + secs))
+  while [ $SECONDS -lt $end ]; do sleep 60; progress; done
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+  ;;
+finish)
+  out=$2
+  for a in $ATTNS; do pkill -TERM -f "wan-mmnist-$a.yaml" || true; done
+  sleep 20; progress
+  cp $R/wan-mmnist-*/metrics.jsonl "$out/" 2>/dev/null; for a in $ATTNS; do cp $R/train-$a.log "$out/train-$a.log"; done
+  # the last checkpoint step every run has
+  step=$(python3 -m mediagen.training.checkpoint $(for a in $ATTNS; do echo $R/wan-mmnist-$a; done))
+  echo "common step: $step"
+  ship=$R/ship; mkdir -p $ship
+  for a in $ATTNS; do
+    $MG train configs/train/wan-mmnist-$a.yaml output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
+    python3 -c "from mediagen.pipelines.shipping import save_shipped_pipeline as s; s('$R/pipe-$a', '$ship/video-$a', text_encoder='minilm')"
+  done
+  python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out "$out" --time-batch 1
+  python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out $R/t40 --time-batch 40 --no-grid
+  cp $R/t40/sampling_latency.json "$out/sampling_latency_batch40.json"
+  echo "{\"step\": $step}" > "$out/step.json"
+  tar -cf - -C $ship . | split -b 15m - "$out/ship.tar.part-"
+  ls -la "$out"
+  ;;
+*) echo "unknown phase $phase"; exit 2 ;;
+esac

@@ -1,0 +1,101 @@
+"""Sample the text-to-video grid a semantic score needs, and time sampling, for one or more pipelines.
+
+    python -m benchmarks.video_samples PIPELINE [PIPELINE ...] --out DIR [--seeds 0 1 2] [--steps 8]
+        [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1]
+
+For each pipeline folder writes DIR/<name>.npz with ``videos`` uint8 (N, F, H, W), ``prompts`` and
+``seeds``: every digit 0-9 x every direction x every seed, the caption the model was trained on
+("the digit 3 moves left"), at the app's default steps (8) and guidance (4). Score them with
+``mediagen vbench --videos DIR/<name>.npz --calibrate``. Also prints the wall time of sampling one
+batch of ``--time-batch`` videos (median of 5, after a warm-up), text encoding and decoding included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DIRECTIONS = ("left", "right", "up", "down")
+
+
+def grid_prompts() -> list[str]:
+    return [f"the digit {d} moves {m}" for d in range(10) for m in DIRECTIONS]
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def sample_grid(pipe, seeds, steps, guidance, batch=40):
+    prompts, clips, seed_of = grid_prompts(), [], []
+    for seed in seeds:
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start:start + batch]
+            g = torch.Generator("cpu").manual_seed(seed * 1000 + start)
+            out = pipe(prompt=chunk, num_inference_steps=steps, guidance_scale=guidance, generator=g,
+                       output_type="np").frames
+            v = np.asarray(out, np.float32)                      # (B, F, H, W, C) in [0, 1]
+            clips.append((np.clip(v.mean(-1), 0, 1) * 255 + 0.5).astype(np.uint8))
+            seed_of += [seed] * len(chunk)
+    return np.concatenate(clips), prompts * len(seeds), seed_of
+
+
+def time_sampling(pipe, device, steps, guidance, batch, repeats=5) -> list[float]:
+    prompt = ["the digit 3 moves left"] * batch
+    pipe(prompt=prompt, num_inference_steps=steps, guidance_scale=guidance, output_type="np")  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        pipe(prompt=prompt, num_inference_steps=steps, guidance_scale=guidance, output_type="np")
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None) -> int:
+    from mediagen.pipelines import build_pipeline
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("pipelines", nargs="+")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--guidance", type=float, default=4.0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--time-batch", type=int, default=1)
+    p.add_argument("--no-grid", action="store_true", help="only time sampling")
+    args = p.parse_args(argv)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {}
+    for folder in args.pipelines:
+        name = Path(folder).name
+        pipe = build_pipeline(folder, device=args.device, dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        if not args.no_grid:
+            t0 = time.perf_counter()
+            videos, prompts, seeds = sample_grid(pipe, args.seeds, args.steps, args.guidance)
+            np.savez_compressed(out / f"{name}.npz", videos=videos, prompts=np.array(prompts), seeds=np.array(seeds))
+            print(f"{name}: {len(videos)} clips in {time.perf_counter() - t0:.1f} s -> {out / (name + '.npz')}")
+        times = time_sampling(pipe, args.device, args.steps, args.guidance, args.time_batch)
+        report[name] = {"median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),
+                        "batch": args.time_batch, "steps": args.steps, "guidance": args.guidance,
+                        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                        "dtype": args.dtype}
+        print(f"{name}: sampling {args.time_batch} video(s), {args.steps} steps: median "
+              f"{report[name]['median_s'] * 1000:.1f} ms (min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})")
+    (out / "sampling_latency.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
