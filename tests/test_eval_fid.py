@@ -75,7 +75,7 @@ def test_frechet_distance_exact_cases():
 
 def test_fewer_samples_than_dims_is_a_clear_error():
     feats = np.random.default_rng(0).normal(size=(100, 1280))
-    with pytest.raises(ValueError, match=r"more samples than the feature dimension: got 100 samples .*1280"):
+    with pytest.raises(ValueError, match=r"more samples than the feature dimension .*: got 100 samples .*1280"):
         fid_from_features(feats, np.zeros(1280), np.eye(1280), "effnet-lite0")
 
 
@@ -88,7 +88,31 @@ def test_cli_few_samples_errors_before_any_work(tmp_path, capsys, digits):
     err = capsys.readouterr().err
     assert rc == 2 and "more samples than the feature dimension" in err and "Imaginary" not in err
     rc = main(["fid", "--samples", str(npz), "--features", "effnet-lite0", "--num-samples", "1000"])
-    assert rc == 2 and "at least 1281" in capsys.readouterr().err
+    assert rc == 2 and "--num-samples 1281 or more" in capsys.readouterr().err
+
+
+def test_too_few_samples_error_says_which_flag_to_change(tmp_path, capsys, digits):
+    """The README's CPU tip (300 samples) suits the 128-d mnist features only; with effnet-lite0 the one-line
+    error names the flag, its value, the count that works and the lower-dimensional features."""
+    import re
+    from pathlib import Path
+
+    from mediagen.cli import main
+    from mediagen.eval.features import FEATURE_DIMS
+
+    npz = tmp_path / "s.npz"
+    np.savez(npz, images=digits[:300])
+    rc = main(["fid", "--samples", str(npz), "--features", "effnet-lite0", "--num-samples", "300"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "--num-samples=300 is too few: use --num-samples 1281 or more" in err and "mnist (128-d, needs 129)" in err
+    rc = main(["fid", "--samples", str(npz), "--splits", "3", "--quiet"])
+    assert rc == 2 and "--splits=3 leaves 100 samples per split: use fewer --splits or 387" in capsys.readouterr().err
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    tip = re.search(r"sample FID with `--num-samples (\d+)[^`]*--features (\S+?)`", readme)
+    assert tip is not None, "the README's CPU tip should name the features its sample count suits"
+    assert int(tip.group(1)) > FEATURE_DIMS[tip.group(2)]
+    assert "--num-samples 1281" in readme
 
 
 def test_inception_offline_error_names_the_file(tmp_path, capsys, monkeypatch):

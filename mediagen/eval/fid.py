@@ -17,14 +17,21 @@ import torch
 from tqdm.auto import tqdm
 
 
-def check_enough_samples(n: int, dim: int, what: str = "samples", features: str = "") -> None:
-    """FID needs a full-rank covariance estimate: more samples than feature dimensions."""
+def check_enough_samples(n: int, dim: int, what: str = "samples", features: str = "", fix: str = "") -> None:
+    """FID needs a full-rank covariance estimate: more samples than feature dimensions. ``fix`` says
+    which flag set ``n`` and what to give instead (e.g. "--num-samples=300 is too few: use
+    --num-samples 1281 or more"), so the one-line error says what to change."""
     if n <= dim:
+        from .features import FEATURE_DIMS
+
         label = f"features {features!r} of dimension {dim}" if features else f"{dim}-d features"
-        raise ValueError(
-            f"FID needs more {what} than the feature dimension: got {n} {what} for {label}; "
-            f"use at least {dim + 1} (ideally several times more), or a lower-dimensional --features "
-            f"(mnist is 128-d, effnet-lite0 1280-d, inception 2048-d)")
+        lower = [f"{name} ({d}-d, needs {d + 1})" for name, d in sorted(FEATURE_DIMS.items(), key=lambda x: x[1])
+                 if d < dim]
+        todo = fix or f"use at least {dim + 1} {what}"
+        if lower:
+            todo += ", or a lower-dimensional --features: " + ", ".join(lower)
+        raise ValueError(f"FID needs more {what} than the feature dimension (ideally several times more): "
+                         f"got {n} {what} for {label}; {todo}")
 
 
 def to_rgb_uint8(img: np.ndarray) -> np.ndarray:

@@ -22,10 +22,12 @@ def register(sub):
                         ".npz written by --save-reference-stats (default: mnist)")
     p.add_argument("--features", choices=sorted(FEATURES), default=None,
                    help="feature network: mnist (128-d, digits), effnet-lite0 (1280-d ImageNet CNN), inception "
-                        "(clean-fid's 2048-d Inception-v3; needs its weights file). Default: mnist for the mnist "
-                        "reference, the features a statistics file was made with, else effnet-lite0")
+                        "(clean-fid's 2048-d Inception-v3; needs its weights file). FID needs more samples than "
+                        "feature dimensions: at least 129, 1281 and 2049 respectively. Default: mnist for the "
+                        "mnist reference, the features a statistics file was made with, else effnet-lite0")
     p.add_argument("--num-samples", type=int, default=None,
-                   help="samples to score (default: all of --samples; 1000 from a checkpoint)")
+                   help="samples to score (default: all of --samples; 1000 from a checkpoint); more than the "
+                        "feature dimension (--features)")
     p.add_argument("--inception-weights", default=None, help="local path of inception-2015-12-05.pt")
     p.add_argument("--reference-num", type=int, default=None, help="use only the first N reference images")
     p.add_argument("--batch-size", type=int, default=64)
@@ -69,7 +71,7 @@ def run(args) -> int:
     # Cheap checks first: nothing is sampled or embedded when the run cannot give a valid FID.
     dim = FEATURE_DIMS[features]
     if args.num_samples is not None:
-        _check_counts(args.num_samples, dim, args.splits, features)
+        _check_counts(args.num_samples, dim, args.splits, features, "--num-samples")
     extractor = get_extractor(features, args.device, args.inception_weights)
 
     if args.samples:
@@ -82,7 +84,7 @@ def run(args) -> int:
 
         prompts = _read_lines(args.prompts) if args.prompts else None
         n = args.num_samples or 1000
-        _check_counts(n, dim, args.splits, features)
+        _check_counts(n, dim, args.splits, features, "--num-samples")
         images = sample_images(args.checkpoint, n, args.batch_size, args.seed, args.device, prompts=prompts,
                                progress=progress, num_inference_steps=args.steps, guidance_scale=args.guidance)
         source = args.checkpoint
@@ -90,7 +92,7 @@ def run(args) -> int:
             from .image_io import save_images
 
             save_images(images, args.save_samples)
-    _check_counts(len(images), dim, args.splits, features)
+    _check_counts(len(images), dim, args.splits, features, "--num-samples" if args.num_samples else "--samples")
 
     ref = load_reference(args.reference, extractor, args.batch_size, args.reference_num, progress)
     if args.save_reference_stats:
@@ -117,13 +119,21 @@ def run(args) -> int:
     return 0
 
 
-def _check_counts(n: int, dim: int, splits, features: str) -> None:
-    """Enough samples for a full-rank FID, overall and in each of ``splits`` parts (checked before any work)."""
+def _check_counts(n: int, dim: int, splits, features: str, flag: str) -> None:
+    """Enough samples for a full-rank FID, overall and in each of ``splits`` parts (checked before any work).
+    ``flag`` is what sets ``n`` (--num-samples, or --samples when all of them are scored): the error names it."""
     from .fid import check_enough_samples
 
-    check_enough_samples(n, dim, "samples", features)
+    if flag == "--samples":
+        fix = f"--samples holds {n} images: give {dim + 1} or more"
+    else:
+        fix = f"{flag}={n} is too few: use {flag} {dim + 1} or more"
+    check_enough_samples(n, dim, "samples", features, fix)
     if splits:
-        check_enough_samples(n // splits, dim, "samples per split", features)
+        need = (dim + 1) * splits
+        check_enough_samples(n // splits, dim, "samples per split", features,
+                             f"--splits={splits} leaves {n // splits} samples per split: use fewer --splits or "
+                             f"{need} or more samples")
 
 
 def default_features(reference: str) -> str:
