@@ -123,8 +123,8 @@ def test_inception_offline_error_names_the_file(tmp_path, capsys, monkeypatch):
         get_extractor("inception")
     from mediagen.cli import main
 
-    rc = main(["fid", "--samples", str(tmp_path), "--features", "inception", "--inception-weights",
-               str(tmp_path / "nope.pt")])
+    rc = main(["fid", "--samples", str(tmp_path), "--features", "inception", "--reference", "mnist-all",
+               "--inception-weights", str(tmp_path / "nope.pt")])
     err = capsys.readouterr().err
     assert rc == 2 and "inception-2015-12-05.pt" in err and "nvlabs" in err
 
@@ -155,11 +155,14 @@ def test_fid_cli_on_samples_with_mnist_reference(tmp_path, digits):
     assert rc == 0
     first = json.loads(out.read_text())
     assert first["features"] == "mnist" and first["num_samples"] == 400 and first["num_reference"] == 1000
+    assert first["reference"] == "mnist" and first["reference_set"].startswith("mnist10k held_out")
     # real digits against real digits: about 15 at these sample sizes; uniform noise gives about 2,700
     assert 0 <= first["fid"] < 40 and first["kid"] is not None
     # the saved statistics give the same FID; a stats file made with other features is refused
     rc = main(["fid", "--samples", str(npz), "--reference", str(stats), "--out", str(out), "--quiet"])
-    assert rc == 0 and json.loads(out.read_text())["fid"] == pytest.approx(first["fid"], rel=1e-9)
+    again = json.loads(out.read_text())
+    assert rc == 0 and again["fid"] == pytest.approx(first["fid"], rel=1e-9)
+    assert again["reference_set"] == first["reference_set"]      # the statistics file carries it
     other = tmp_path / "other.npz"
     np.savez(other, mu=np.zeros(128), sigma=np.eye(128), features=np.array("inception"))
     assert main(["fid", "--samples", str(npz), "--reference", str(other), "--features", "mnist"]) == 2
@@ -238,3 +241,44 @@ def test_inception_weights_flag_is_used(tmp_path):
     x = torch.full((2, 3, 299, 299), 128.0 + 64.0)
     feats = fx(x)
     assert feats.shape == (2, 2048) and torch.allclose(feats, torch.full_like(feats, 0.5))
+
+
+def test_digit_references_follow_the_training_split():
+    """--reference mnist is the held-out part the training configs leave out; mnist-train is the training
+    part and mnist-all both. Training images never enter the default reference."""
+    from mediagen.data import MNIST_HELD_OUT
+    from mediagen.eval.reference import MNIST_SPLIT_SIZES, mnist_reference_set, reference_images
+
+    held, _ = load_mnist10k("held_out")
+    train, _ = load_mnist10k("train")
+    everything, _ = load_mnist10k("all")
+    assert np.array_equal(reference_images("mnist"), held) and len(held) == 2000
+    assert np.array_equal(reference_images("mnist-train"), train) and len(train) == 8000
+    assert np.array_equal(reference_images("mnist-all"), everything)
+    assert np.array_equal(reference_images("mnist", 100), everything[MNIST_HELD_OUT][:100])
+    assert MNIST_SPLIT_SIZES == {"held_out": 2000, "train": 8000, "all": 10000}
+    assert mnist_reference_set("mnist", 1000) == "mnist10k held_out: digits 8000-9999, not trained on (1000 images)"
+    train_bytes = {img.tobytes() for img in train}
+    assert not any(img.tobytes() in train_bytes for img in held)
+
+
+def test_reference_choice_is_in_the_json_and_checked_before_work(tmp_path, capsys, digits):
+    from mediagen.cli import main
+
+    npz, out = tmp_path / "s.npz", tmp_path / "fid.json"
+    np.savez(npz, images=digits[:200])
+    assert main(["fid", "--samples", str(npz), "--reference", "mnist-train", "--reference-num", "300",
+                 "--out", str(out), "--quiet"]) == 0
+    got = json.loads(out.read_text())
+    assert got["reference"] == "mnist-train" and got["num_reference"] == 300
+    assert got["reference_set"] == "mnist10k train: digits 0-7999, the training images (300 images)"
+    # inception's 2,048 dimensions need more than the 2,000 held-out digits: refused before its weights are looked up
+    rc = main(["fid", "--samples", str(npz), "--features", "inception", "--num-samples", "3000",
+               "--inception-weights", str(tmp_path / "missing.pt")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--reference mnist holds 2000 images: use --reference mnist-train (8000) or " \
+                       "--reference mnist-all (10000)" in err and "inception-2015" not in err
+    rc = main(["fid", "--samples", str(npz), "--reference-num", "100"])
+    assert rc == 2 and "--reference-num=100 is too few: use --reference-num 129 or more" in capsys.readouterr().err
+    rc = main(["fid", "--samples", str(npz), "--reference", "mnist-test"])
+    assert rc == 2 and "'mnist', 'mnist-train', 'mnist-all'" in capsys.readouterr().err

@@ -18,13 +18,16 @@ def register(sub):
     src.add_argument("--checkpoint", help="a saved pipeline folder to sample from (needs mediagen.pipelines)")
     src.add_argument("--samples", help="already generated images: a folder of image files or an .npz/.npy (uint8)")
     p.add_argument("--reference", default="mnist",
-                   help="'mnist' (the shipped 10,000 real digits), a folder / .npz of images, or a statistics "
-                        ".npz written by --save-reference-stats (default: mnist)")
+                   help="'mnist' (the 2,000 held-out real digits, digits 8000-9999 of the shipped set, which no "
+                        "digit model trains on), 'mnist-train' (the 8,000 training digits), 'mnist-all' (all "
+                        "10,000; needed for --features inception), a folder / .npz of images, or a statistics "
+                        ".npz written by --save-reference-stats (default: mnist). The JSON records which set "
+                        "was used under reference_set")
     p.add_argument("--features", choices=sorted(FEATURES), default=None,
                    help="feature network: mnist (128-d, digits), effnet-lite0 (1280-d ImageNet CNN), inception "
                         "(clean-fid's 2048-d Inception-v3; needs its weights file). FID needs more samples than "
                         "feature dimensions: at least 129, 1281 and 2049 respectively. Default: mnist for the "
-                        "mnist reference, the features a statistics file was made with, else effnet-lite0")
+                        "digit references, the features a statistics file was made with, else effnet-lite0")
     p.add_argument("--num-samples", type=int, default=None,
                    help="samples to score (default: all of --samples; 1000 from a checkpoint); more than the "
                         "feature dimension (--features)")
@@ -58,12 +61,13 @@ def run(args) -> int:
 
     from .fid import extract_features, fid_from_features, kernel_distance, split_fids
     from .features import get_extractor
-    from .reference import load_reference, save_reference_stats
+    from .reference import check_reference_count, check_reference_spec, load_reference, save_reference_stats
 
     for name in ("num_samples", "batch_size", "reference_num", "kid_subsets", "kid_subset_size"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     if args.splits is not None and args.splits < 2:
         raise ValueError(f"--splits={args.splits} is not allowed: use 2 or more disjoint parts")
+    check_reference_spec(args.reference)
     features = args.features or default_features(args.reference)
     progress = not args.quiet
     t0 = time.perf_counter()
@@ -72,6 +76,7 @@ def run(args) -> int:
     dim = FEATURE_DIMS[features]
     if args.num_samples is not None:
         _check_counts(args.num_samples, dim, args.splits, features, "--num-samples")
+    check_reference_count(args.reference, dim, features, args.reference_num)
     extractor = get_extractor(features, args.device, args.inception_weights)
 
     if args.samples:
@@ -104,11 +109,12 @@ def run(args) -> int:
         kid = kernel_distance(feats, ref.feats, args.kid_subsets, args.kid_subset_size, seed=args.seed)
     result = {"fid": fid, "kid": kid, "features": features, "feature_dim": dim, "num_samples": len(feats),
               "num_reference": ref.n, "samples": str(source), "reference": str(args.reference),
+              "reference_set": ref.reference_set,
               "seconds": round(time.perf_counter() - t0, 2)}
     if args.splits:
         parts = split_fids(feats, ref.mu, ref.sigma, args.splits, features)
         result.update(split_fids=parts, split_size=len(feats) // args.splits)
-    print(f"FID ({features}, {len(feats)} samples vs {ref.n} reference): {fid:.4f}")
+    print(f"FID ({features}, {len(feats)} samples vs {ref.n} reference, {ref.reference_set}): {fid:.4f}")
     if args.splits:
         print(f"FID of {args.splits} disjoint parts of {len(feats) // args.splits}: "
               + ", ".join(f"{x:.4f}" for x in parts)
@@ -137,8 +143,10 @@ def _check_counts(n: int, dim: int, splits, features: str, flag: str) -> None:
 
 
 def default_features(reference: str) -> str:
-    """mnist for the mnist reference, the features a statistics file was made with, else effnet-lite0."""
-    if reference == "mnist":
+    """mnist for the digit references, the features a statistics file was made with, else effnet-lite0."""
+    from .reference import MNIST_REFERENCES
+
+    if reference in MNIST_REFERENCES:
         return "mnist"
     if reference.endswith(".npz") and os.path.isfile(reference):
         import numpy as np
