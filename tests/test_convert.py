@@ -26,10 +26,10 @@ def test_sdpa_conversion_is_exact(family):
     mediagen.convert(model, "sdpa")
     assert type(model).__name__.startswith("MHLA")
     assert torch.equal(run(model, inputs), before)
-    # and back from mhla to sdpa
+    # and back from mhla to sdpa (replacing converted layers is asked for explicitly)
     mediagen.convert(model, "mhla", blocks=[1, 2, 2] if family == "wan" else [2, 2])
     assert not torch.equal(run(model, inputs), before)
-    mediagen.convert(model, "sdpa")
+    mediagen.convert(model, "sdpa", reinit=True)
     assert torch.equal(run(model, inputs), before)
 
 
@@ -161,7 +161,7 @@ def test_hybrids_convert_exactly_the_layers_asked():
     assert kinds(model) == ["sdpa", "mhla", "sdpa", "sdpa", "mhla", "sdpa"]
     mediagen.convert(model, "wan-mhla-h", blocks=[1, 2, 2])
     assert kinds(model) == ["sdpa", "mhla", "mhla", "sdpa", "mhla", "mhla"]
-    mediagen.convert(model, ["linear", "sdpa", "mhla", "sdpa", "sdpa", "linear"], blocks=[1, 2, 2])
+    mediagen.convert(model, ["linear", "sdpa", "mhla", "sdpa", "sdpa", "linear"], blocks=[1, 2, 2], reinit=True)
     assert kinds(model) == ["linear", "sdpa", "mhla", "sdpa", "sdpa", "linear"]
     assert all(type(b.attn2.processor).__name__ == "WanAttnProcessor" for b in model.blocks)  # cross-attn stock
     new = [n for n, _ in model.named_parameters() if ".processor." in n]

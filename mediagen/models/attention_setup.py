@@ -2,30 +2,55 @@
 
 from __future__ import annotations
 
-from .attention_spec import AttentionSpec
+from typing import Collection
+
+from .attention_spec import CONVERTED_ATTENTIONS, AttentionSpec
 from .families import family_of
 from .latent_grid import install_grid_hook
 
 
-def apply_attention(model, spec: AttentionSpec) -> None:
-    """Set every self-attention layer's processor; cross-attention is left as it is.
+def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = ()) -> None:
+    """Set the self-attention layers' processors as ``spec`` says; cross-attention is left as it is.
 
-    ``sdpa`` layers get the family's stock processor back (so a converted model with all layers
-    ``sdpa`` computes exactly what the original did); ``mhla``/``linear`` layers get a fresh
-    processor with Mc at its locality init, whose weights ``from_pretrained`` then loads.
+    Layers whose entry is ``None`` and layers listed in ``keep`` are not touched: they keep exactly
+    the processor they have (the family's own one for a fresh model, e.g. SANA's ReLU linear attention,
+    or one the user set, or a converted processor with trained weights). ``sdpa`` layers get the
+    family's stock softmax processor (so a converted model with all layers ``sdpa`` computes exactly
+    what the original did); ``mhla``/``linear`` layers get a fresh processor with Mc at its locality
+    init, whose weights ``from_pretrained`` then loads.
     """
     fam = family_of(model)
     attns = fam.self_attentions(model)
     if len(spec.layers) != len(attns):
         raise ValueError(f"the attention spec lists {len(spec.layers)} layers but the model has {len(attns)}")
+    check_head_dims(model, spec)
     grids = install_grid_hook(model, fam.grid_of)
-    for attn, kind in zip(attns, spec.layers):
+    for i, (attn, kind) in enumerate(zip(attns, spec.layers)):
+        if kind is None or i in keep:
+            continue
         if kind == "sdpa":
             if not isinstance(attn.processor, fam.stock_processor):
                 attn.set_processor(fam.stock_processor())
             continue
         ref = attn.to_q.weight
-        proc = fam.processor(kind, spec, heads=attn.heads, head_dim=attn.to_q.out_features // attn.heads,
+        proc = fam.processor(kind, spec, heads=attn.heads, head_dim=head_dim(attn),
                              query_dim=attn.to_q.in_features, ndim=fam.ndim, grids=grids)
         proc.to(device=ref.device, dtype=ref.dtype)  # new weights follow the layer's device and dtype
         attn.set_processor(proc)
+
+
+def head_dim(attn) -> int:
+    return attn.to_q.out_features // attn.heads
+
+
+def check_head_dims(model, spec: AttentionSpec) -> None:
+    """MHLA / linear layers run on the MHLA kernels, which take head dims 16 to 256: refuse others at
+    conversion time rather than at the first forward."""
+    from ..kernels.mhla.checks import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+    attns = family_of(model).self_attentions(model)
+    for i, (attn, kind) in enumerate(zip(attns, spec.layers)):
+        d = head_dim(attn)
+        if kind in CONVERTED_ATTENTIONS and not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"layer {i} has head dim {d} ({attn.heads} heads): attention={kind!r} needs a head "
+                             f"dim from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}; keep that layer 'sdpa' or not converted")

@@ -2,35 +2,57 @@
 
 An ``AttentionSpec`` is what ``mediagen.convert`` stores in the model's config (key
 ``mediagen_attention``), so ``from_pretrained`` can rebuild the same processors before loading weights.
-It holds one attention name per layer plus the MHLA options shared by all MHLA layers.
+It holds one entry per layer plus the MHLA options shared by all MHLA / linear layers.
 
-Names: ``sdpa`` (the model's stock softmax processor), ``linear`` (global linear attention, MHLA with
-one block), ``mhla``. Hybrids: a list of names, one per layer; ``layers=[...]`` (indices that get
-the chosen attention, the rest keep sdpa); or ``wan-mhla-h``, the paper's Wan pattern: softmax in
-every third layer (0, 3, 6, ...), MHLA in the others.
+Layer entries: ``None`` (not converted: the layer keeps the processor the model has, e.g. SANA's own
+ReLU linear attention), ``sdpa`` (the family's stock softmax processor), ``linear`` (global linear
+attention, MHLA with one block), ``mhla``. Hybrids: a list of names, one per layer; ``layers=[...]``
+(indices that get the chosen attention, the others are left as they are); or ``wan-mhla-h``, the
+paper's Wan pattern: softmax in every third layer (0, 3, 6, ...), MHLA in the others.
+
+This module is the one place that names the attentions and the options and checks their values; it
+imports nothing heavy, so command lines and apps can read ``ATTENTION_CHOICES`` / ``OPTION_NAMES``
+without loading torch.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import operator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Sequence
 
 LAYER_ATTENTIONS = ("sdpa", "linear", "mhla")
 PATTERNS = ("wan-mhla-h",)
 ATTENTION_CHOICES = LAYER_ATTENTIONS + PATTERNS
+CONVERTED_ATTENTIONS = ("linear", "mhla")   # layers that get a new processor with their own weights
 FEATURE_MAPS = ("relu", "elu1")
 ROPE_MODES = ("none", "features")
+MHLA_ONLY_OPTIONS = ("blocks", "per_head_mix")  # options a "linear" layer does not use
+
+
+def is_int(x) -> bool:
+    """An int or an integer type such as numpy's, not a bool and not a float with an integral value."""
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return not isinstance(x, bool)
+
+
+def _is_positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 @dataclass
 class AttentionSpec:
-    """Per-layer attention names and the MHLA options (shared by every MHLA layer).
+    """Per-layer attention entries and the MHLA options (shared by every MHLA / linear layer).
 
-    blocks: block count per grid axis (fixed: Mc is M x M with M = prod(blocks)); None only for
-        models without any MHLA layer.
-    feature_map, normalize, eps, scale: as in ``mediagen.kernels.mhla``.
+    blocks: block count per grid axis, 1 to 3 positive ints (fixed: Mc is M x M with M = prod(blocks));
+        None only for models without any MHLA layer.
+    feature_map, normalize, eps, scale: as in ``mediagen.kernels.mhla``; eps and scale (when given)
+        are finite numbers > 0.
     per_head_mix: one Mc per head (H, M, M) instead of one shared (M, M).
     out_norm: RMSNorm over the attention output (all heads), the Wan recipe's ``rms_output``.
     out_gate: multiply the (normed) output by SiLU(Linear(x)), a learned output gate.
@@ -42,7 +64,7 @@ class AttentionSpec:
         MHLA code does (Wan only: DiT has no RoPE).
     """
 
-    layers: list[str] = field(default_factory=list)
+    layers: list[str | None] = field(default_factory=list)
     blocks: list[int] | None = None
     feature_map: str = "relu"
     normalize: bool = True
@@ -57,18 +79,31 @@ class AttentionSpec:
     def __post_init__(self):
         self.layers = list(self.layers)
         for i, name in enumerate(self.layers):
-            if name not in LAYER_ATTENTIONS:
-                raise ValueError(f"layers[{i}]={name!r} is not an attention name: use one of {LAYER_ATTENTIONS}")
+            if name is not None and name not in LAYER_ATTENTIONS:
+                raise ValueError(f"layers[{i}]={name!r} is not an attention name: use one of {LAYER_ATTENTIONS} "
+                                 f"or None (not converted)")
         if self.blocks is not None:
-            self.blocks = [int(b) for b in self.blocks]
-            if not 1 <= len(self.blocks) <= 3 or any(b < 1 for b in self.blocks):
-                raise ValueError(f"blocks={self.blocks} is not allowed: use 1 to 3 positive ints, one per grid axis")
+            # ints only: a fraction must not be truncated into a different block layout
+            seq = None if isinstance(self.blocks, (str, bytes)) or not hasattr(self.blocks, "__iter__") \
+                else list(self.blocks)
+            if seq is None or not all(is_int(b) for b in seq) or not 1 <= len(seq) <= 3 \
+                    or any(operator.index(b) < 1 for b in seq):
+                raise ValueError(f"blocks={self.blocks!r} is not allowed: use 1 to 3 positive ints, one per grid axis")
+            self.blocks = [operator.index(b) for b in seq]
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map={self.feature_map!r} is not allowed: use one of {FEATURE_MAPS}")
         if self.rope not in ROPE_MODES:
             raise ValueError(f"rope={self.rope!r} is not allowed: use one of {ROPE_MODES}")
-        if not isinstance(self.cpe_kernel, int) or self.cpe_kernel < 0 or (self.cpe_kernel and self.cpe_kernel % 2 == 0):
+        for name in ("normalize", "per_head_mix", "out_norm", "out_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: use True or False")
+        if not _is_positive_number(self.eps):
+            raise ValueError(f"eps={self.eps!r} is not allowed: use a finite number > 0 (e.g. 1e-6; 1e-15 for SANA)")
+        if self.scale is not None and not _is_positive_number(self.scale):
+            raise ValueError(f"scale={self.scale!r} is not allowed: use a finite number > 0, or None")
+        if not is_int(self.cpe_kernel) or self.cpe_kernel < 0 or (self.cpe_kernel and self.cpe_kernel % 2 == 0):
             raise ValueError(f"cpe_kernel={self.cpe_kernel!r} is not allowed: use 0 (off) or an odd int such as 3 or 5")
+        self.cpe_kernel = operator.index(self.cpe_kernel)
         if self.normalize and self.scale is not None:
             raise ValueError(f"scale={self.scale!r} applies only with normalize=False; leave it None")
         if "mhla" in self.layers and self.blocks is None:
@@ -85,9 +120,28 @@ class AttentionSpec:
             raise ValueError(f"mediagen_attention has unknown keys {unknown}; allowed: {sorted(known)}")
         return cls(**d)
 
+    def options(self) -> dict:
+        """The MHLA options (every field but ``layers``)."""
+        return {name: getattr(self, name) for name in OPTION_NAMES}
 
-def layer_attentions(attention: str | Sequence[str], num_layers: int, layers: Sequence[int] | None = None) -> list[str]:
-    """Resolve ``attention`` (+ optional ``layers``) into one attention name per layer."""
+    def layer_setup(self, i: int) -> tuple:
+        """What decides layer ``i``'s processor: its entry plus, for linear / MHLA layers, the options
+        that layer uses. Two specs build the same processor for layer ``i`` iff these are equal."""
+        kind = self.layers[i]
+        if kind not in CONVERTED_ATTENTIONS:
+            return (kind,)
+        used = {k: v for k, v in self.options().items() if kind == "mhla" or k not in MHLA_ONLY_OPTIONS}
+        return (kind, used)
+
+
+OPTION_NAMES = tuple(f.name for f in fields(AttentionSpec) if f.name != "layers")
+OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionSpec) if f.name != "layers"}
+
+
+def layer_attentions(attention: str | Sequence[str | None], num_layers: int,
+                     layers: Sequence[int] | None = None) -> list[str | None]:
+    """Resolve ``attention`` (+ optional ``layers``) into one entry per layer; ``None`` marks a layer
+    the request does not name (it keeps what it has)."""
     if not isinstance(attention, str):  # an explicit per-layer list
         names = list(attention)
         if layers is not None:
@@ -95,8 +149,9 @@ def layer_attentions(attention: str | Sequence[str], num_layers: int, layers: Se
         if len(names) != num_layers:
             raise ValueError(f"attention lists {len(names)} names but the model has {num_layers} layers")
         for i, n in enumerate(names):
-            if n not in LAYER_ATTENTIONS:
-                raise ValueError(f"attention[{i}]={n!r} is not allowed: use one of {LAYER_ATTENTIONS}")
+            if n is not None and n not in LAYER_ATTENTIONS:
+                raise ValueError(f"attention[{i}]={n!r} is not allowed: use one of {LAYER_ATTENTIONS} "
+                                 f"or None (leave the layer as it is)")
         return names
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"attention={attention!r} is not allowed: use one of {ATTENTION_CHOICES} "
@@ -107,12 +162,18 @@ def layer_attentions(attention: str | Sequence[str], num_layers: int, layers: Se
         return ["sdpa" if i % 3 == 0 else "mhla" for i in range(num_layers)]
     if layers is None:
         return [attention] * num_layers
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise ValueError(f"layers={layers!r} is not allowed: use a list of layer indices from 0 to {num_layers - 1}")
+    layers = list(layers)
+    if not layers:
+        raise ValueError(f"layers=[] names no layer, so nothing would be converted: give indices from 0 to "
+                         f"{num_layers - 1}, or layers=None for every layer")
     chosen = set()
     for idx in layers:
-        if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < num_layers:
+        if not is_int(idx) or not 0 <= idx < num_layers:
             raise ValueError(f"layers contains {idx!r}: layer indices must be ints from 0 to {num_layers - 1}")
-        chosen.add(idx)
-    return [attention if i in chosen else "sdpa" for i in range(num_layers)]
+        chosen.add(operator.index(idx))
+    return [attention if i in chosen else None for i in range(num_layers)]
 
 
 def auto_blocks(grid: Sequence[int]) -> list[int]:

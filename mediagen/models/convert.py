@@ -6,17 +6,15 @@ import warnings
 from typing import Sequence
 
 from ..kernels.mhla.layout import check_grid_blocks
-from .attention_setup import apply_attention
-from .attention_spec import AttentionSpec, auto_blocks, layer_attentions
+from .attention_setup import apply_attention, check_head_dims
+from .attention_spec import (CONVERTED_ATTENTIONS, OPTION_DEFAULTS, OPTION_NAMES, AttentionSpec, auto_blocks,
+                             is_int, layer_attentions)
 from .converted import CONFIG_KEY, converted_class_for
 from .families import family_of
 
 
-def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[int] | None = None,
-            layers: Sequence[int] | None = None, grid: Sequence[int] | None = None,
-            feature_map: str = "relu", normalize: bool = True, eps: float = 1e-6, scale: float | None = None,
-            per_head_mix: bool = False, out_norm: bool = False, out_gate: bool = False, cpe_kernel: int = 0,
-            rope: str = "none"):
+def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Sequence[int] | None = None,
+            grid: Sequence[int] | None = None, reinit: bool = False, **options):
     """Convert a ``WanTransformer3DModel`` / ``DiTTransformer2DModel`` / ``SanaTransformer2DModel`` (or
     a pipeline's ``.transformer``) in place and return it.
 
@@ -26,13 +24,23 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
 
     Args:
         attention: "sdpa", "linear", "mhla", "wan-mhla-h" (softmax every third layer, MHLA in the
-            rest), or a list with one of "sdpa"/"linear"/"mhla" per layer.
-        layers: with a single name, the layer indices that get it; the others stay "sdpa".
-        blocks: block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA). When None they
-            are chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N.
+            rest), or a list with one of "sdpa"/"linear"/"mhla" per layer (None: leave that layer).
+        layers: with a single name, the layer indices that get it; the other layers keep exactly the
+            processor they have (the model's own attention, or an earlier conversion).
         grid: the token grid the model will mostly run at, used to choose and check ``blocks``.
-        feature_map, normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope:
-            MHLA options, see ``AttentionSpec``.
+        reinit: allow replacing layers that are already linear / MHLA by a different attention or
+            different options; their Mc (and other new weights) start again from the init.
+        **options: the MHLA options of ``AttentionSpec`` (``OPTION_NAMES``): blocks, feature_map,
+            normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope. ``blocks`` is the
+            block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
+            chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N. Options not given (and
+            ``blocks=None``) keep the values of an earlier conversion of the model, else take the
+            ``AttentionSpec`` defaults.
+
+    Converting again is safe: layers asked for with the attention and options they already have keep
+    their processor and trained weights; asking a linear / MHLA layer for something else raises
+    unless ``reinit=True``. The options are shared by all linear / MHLA layers, so new options cannot
+    be given while layers not named here are linear / MHLA with other options.
 
     The official Wan2.1 MHLA recipe is ``attention="wan-mhla-h", rope="features", out_norm=True``.
     Softmax layers keep the stock processor; to force FlashAttention there use diffusers'
@@ -42,24 +50,38 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
     ``mediagen.attention.register_mix_clipping(optimizer, model)``.
     """
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: convert what it wraps
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"convert() got unknown option(s) {unknown}; allowed: layers, grid, reinit and the "
+                        f"MHLA options {list(OPTION_NAMES)}")
+    if not isinstance(reinit, bool):
+        raise ValueError(f"reinit={reinit!r} is not allowed: use True or False")
     if hasattr(model, "components") and hasattr(model, "register_modules"):  # a DiffusionPipeline
-        kwargs = dict(attention=attention, blocks=blocks, layers=layers, grid=grid, feature_map=feature_map,
-                      normalize=normalize, eps=eps, scale=scale, per_head_mix=per_head_mix, out_norm=out_norm,
-                      out_gate=out_gate, cpe_kernel=cpe_kernel, rope=rope)
         names = [n for n in ("transformer", "transformer_2") if getattr(model, n, None) is not None]
         if not names:
             raise ValueError("the pipeline has no .transformer to convert")
         for name in names:
-            convert(getattr(model, name), **kwargs)
+            convert(getattr(model, name), attention, layers=layers, grid=grid, reinit=reinit, **options)
             model.register_modules(**{name: getattr(model, name)})  # record the new class in model_index
         return model
 
     fam = family_of(model)
     num_layers = len(fam.self_attentions(model))
-    names = layer_attentions(attention, num_layers, layers)
-    if rope == "features" and fam.name != "wan":
+    asked = layer_attentions(attention, num_layers, layers)
+    if all(a is None for a in asked):
+        raise ValueError("attention names no layer (every entry is None), so nothing would be converted")
+    if "blocks" in options and options["blocks"] is None:
+        del options["blocks"]  # None asks for the default: the blocks of existing MHLA layers, else from the grid
+    old = attention_spec_of(model)
+    if old is not None and len(old.layers) != num_layers:
+        raise ValueError(f"config.{CONFIG_KEY} lists {len(old.layers)} layers but the model has {num_layers}")
+    old_layers = old.layers if old is not None else [None] * num_layers
+    names = [a if a is not None else o for a, o in zip(asked, old_layers)]
+    opts = dict(old.options() if old is not None else OPTION_DEFAULTS, **options)
+    converts = {"mhla", "linear"} & set(names)
+    if opts["rope"] == "features" and fam.name != "wan":
         raise ValueError(f"rope='features' is for Wan models (they have RoPE); this is a {fam.name} model: use rope='none'")
-    if fam.name == "wan" and rope == "none" and not cpe_kernel and {"mhla", "linear"} & set(names):
+    if fam.name == "wan" and opts["rope"] == "none" and not opts["cpe_kernel"] and converts:
         # Wan has no absolute position embedding: positions reach it only through RoPE in self-attention.
         # A Moving-MNIST model trained this way stalled with blocky samples (docs/RESULTS.md).
         warnings.warn("linear / MHLA layers of a Wan model with rope='none' and cpe_kernel=0 see no token "
@@ -67,34 +89,72 @@ def convert(model, attention: str | Sequence[str] = "mhla", *, blocks: Sequence[
                       "training or fine-tuning use rope='features' (the official recipe) or cpe_kernel=3",
                       UserWarning, stacklevel=2)
     if grid is not None:
+        if isinstance(grid, (str, bytes)) or not hasattr(grid, "__iter__") or len(tuple(grid)) != fam.ndim \
+                or not all(is_int(g) and g >= 1 for g in grid):
+            raise ValueError(f"grid={grid!r} is not allowed: give {fam.ndim} positive ints (tokens per axis) for a "
+                             f"{fam.base.__name__}")
         grid = tuple(int(g) for g in grid)
-        if len(grid) != fam.ndim:
-            raise ValueError(f"grid={grid} must have {fam.ndim} axes for a {fam.base.__name__}")
     if "mhla" in names:
         grid = grid or fam.default_grid(model)
-        if blocks is None:
+        if opts["blocks"] is None:
             if grid is None:
                 raise ValueError(
                     f"blocks=None needs grid=(frames, height, width) in tokens to choose blocks for a "
                     f"{fam.base.__name__}, e.g. grid=(21, 30, 52) for 81 frames at 480x832; or give blocks"
                 )
-            blocks = auto_blocks(grid)
-        blocks = [int(b) for b in blocks]
-        if len(blocks) != fam.ndim:
-            raise ValueError(f"blocks={blocks} must have {fam.ndim} counts (one per grid axis) for a "
+            opts["blocks"] = auto_blocks(grid)
+    else:
+        opts["blocks"] = None  # only MHLA layers use blocks; the config does not keep an unused value
+    spec = AttentionSpec(layers=names, **opts)  # checks every option's value
+    if spec.blocks is not None:
+        if len(spec.blocks) != fam.ndim:
+            raise ValueError(f"blocks={spec.blocks} must have {fam.ndim} counts (one per grid axis) for a "
                              f"{fam.base.__name__}")
         if grid is not None:
-            check_grid_blocks(grid, tuple(blocks))
-    spec = AttentionSpec(layers=names, blocks=list(blocks) if "mhla" in names else None, feature_map=feature_map,
-                         normalize=normalize, eps=eps, scale=scale, per_head_mix=per_head_mix, out_norm=out_norm,
-                         out_gate=out_gate, cpe_kernel=cpe_kernel, rope=rope)
+            check_grid_blocks(grid, tuple(spec.blocks))
+    check_head_dims(model, spec)
+    keep = _layers_to_keep(old, spec, asked, reinit)
     model.__class__ = converted_class_for(model)
-    apply_attention(model, spec)
+    apply_attention(model, spec, keep=keep)
     model.register_to_config(**{CONFIG_KEY: spec.to_dict()})
     return model
 
 
+def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list, reinit: bool) -> set[int]:
+    """Layers whose processor stays as it is; raise where a linear / MHLA layer (which may hold trained
+    weights) would be rebuilt without ``reinit=True``, or would change without being named at all."""
+    if old is None:
+        return set()
+    keep, named, unnamed = set(), [], []
+    for i in range(len(new.layers)):
+        if old.layer_setup(i) == new.layer_setup(i):
+            keep.add(i)
+        elif old.layers[i] in CONVERTED_ATTENTIONS:
+            (named if asked[i] is not None else unnamed).append(i)
+    if unnamed:
+        i = unnamed[0]
+        raise ValueError(f"layers {unnamed} are {old.layers[i]!r} layers that this call leaves as they are, but the "
+                         f"options it asks differ from theirs ({_option_diff(old, new, i)}); options are shared by "
+                         f"all linear / MHLA layers: keep their options, or name those layers too with reinit=True")
+    if named and not reinit:
+        i = named[0]
+        diff = _option_diff(old, new, i)
+        was = f"{old.layers[i]!r}" + (f" with {diff}" if diff else "")
+        raise ValueError(f"layers {named} are already converted (layer {i}: {was}, asked {new.layers[i]!r}); "
+                         f"converting them again would replace their trained weights: pass reinit=True to "
+                         f"re-initialise them on purpose, or leave them out of layers")
+    return keep
+
+
+def _option_diff(old: AttentionSpec, new: AttentionSpec, i: int) -> str:
+    if old.layers[i] != new.layers[i] or new.layers[i] not in CONVERTED_ATTENTIONS:
+        return ""
+    a, b = old.layer_setup(i)[1], new.layer_setup(i)[1]
+    return ", ".join(f"{k}={a[k]!r} (asked {b[k]!r})" for k in a if a[k] != b[k])
+
+
 def attention_spec_of(model) -> AttentionSpec | None:
     """The spec a converted model was built with (None for an unconverted model)."""
+    model = getattr(model, "_orig_mod", model)
     d = getattr(model, "config", {}).get(CONFIG_KEY)
     return None if d is None else AttentionSpec.from_dict(dict(d))

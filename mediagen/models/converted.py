@@ -8,11 +8,20 @@ with the spec, which rebuilds the processors before the weights (Mc included) ar
 The classes are made by ``converted_class`` from the base class's own ``__init__`` signature plus
 the new field, so they follow diffusers' config handling without restating every argument.
 They live at module level so diffusers' pipeline loader finds them by module and class name.
+
+A saved converted model must not load silently as the plain diffusers class: diffusers 0.42 ignores
+an unknown ``_class_name`` and only logs unexpected config keys and weights, which would give the
+original attention back with the MHLA weights dropped. The one config entry plain diffusers checks
+before building a model is ``quantization_config``: its ``quant_method`` must name a known quantizer,
+else ``from_pretrained`` raises ValueError quoting it. So the saved config carries a
+``quantization_config`` whose ``quant_method`` says how to load the folder (``LOAD_MARKER``); the
+converted classes drop it again when they load, and a model in memory never has it.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 
 from diffusers import DiTTransformer2DModel, SanaTransformer2DModel, WanTransformer3DModel
 from diffusers.configuration_utils import register_to_config
@@ -22,6 +31,20 @@ from .attention_setup import apply_attention
 from .attention_spec import AttentionSpec
 
 CONFIG_KEY = "mediagen_attention"
+MARKER_KEY = "quantization_config"
+MARKER_PREFIX = "mediagen-converted-model"
+
+
+def load_marker(class_name: str) -> dict:
+    """The ``quantization_config`` written into a saved converted model's config.json (not a
+    quantization: plain diffusers' error message quotes ``quant_method``, so it says what to do)."""
+    return {"quant_method": f"{MARKER_PREFIX} (this folder holds a mediagen {class_name} with MHLA / linear "
+                            f"attention layers that plain diffusers would drop: load it with "
+                            f"mediagen.models.load_transformer(path) or mediagen.{class_name}.from_pretrained(path))"}
+
+
+def is_load_marker(value) -> bool:
+    return isinstance(value, dict) and str(value.get("quant_method", "")).startswith(MARKER_PREFIX)
 
 
 def converted_class(base: type, name: str) -> type:
@@ -37,8 +60,23 @@ def converted_class(base: type, name: str) -> type:
     extra = inspect.Parameter(CONFIG_KEY, inspect.Parameter.KEYWORD_ONLY, default=None)
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i else p for i, p in enumerate(params)]
     __init__.__signature__ = inspect.Signature(params + [extra])
+    def to_json_string(self) -> str:
+        config = json.loads(base.to_json_string(self))
+        if config.get(CONFIG_KEY) is not None and MARKER_KEY not in config:
+            config[MARKER_KEY] = load_marker(name)
+        return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+    def load_config(cls, *args, **kwargs):
+        out = base.load_config.__func__(cls, *args, **kwargs)
+        config = out[0] if isinstance(out, tuple) else out
+        if is_load_marker(config.get(MARKER_KEY)):
+            del config[MARKER_KEY]
+        return out
+
     namespace = {
         "__init__": register_to_config(__init__),
+        "to_json_string": to_json_string,
+        "load_config": classmethod(load_config),
         "__module__": __name__,
         "__doc__": f"{base.__name__} whose self-attention layers follow ``config.{CONFIG_KEY}``.",
     }

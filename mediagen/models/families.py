@@ -49,6 +49,7 @@ def _dit_grid(model, x):
 
 # SANA's own self-attention is ReLU linear attention (SanaLinearAttnProcessor2_0): its "linear"
 # conversion (eps=1e-15) computes the same; "sdpa" there is softmax, which SANA was not trained with.
+# Layers a conversion does not name keep their processor, so a SANA hybrid keeps its linear attention.
 
 
 FAMILIES = (
