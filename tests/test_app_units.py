@@ -157,3 +157,160 @@ def test_browser_set_up_fails_loudly_when_it_cannot_install(monkeypatch):
         "returncode": 100, "stdout": "", "stderr": "E: Unable to locate package chromium"})())
     with pytest.raises(app_browser.BrowserUnavailable, match="Unable to locate package chromium"):
         app_browser.install_chromium()
+
+
+# --- inputs reach the named checks; limits follow the device ----------------------------------
+
+def test_bad_values_name_the_field_value_and_range():
+    with pytest.raises(gr.Error, match=r"steps='abc' is not allowed: steps must be a whole number from 1 to 50"):
+        limits.bounded_int("steps", "abc", 1, 50)
+    with pytest.raises(gr.Error, match=r"steps=2.5 is not allowed: steps must be a whole number from 1 to 50"):
+        limits.bounded_int("steps", 2.5, 1, 50)
+    with pytest.raises(gr.Error, match="negative_prompt has 10000 characters"):
+        limits.bounded_prompt("x" * 10000, limits.Limits(), "negative_prompt")
+    with pytest.raises(gr.Error, match=r"guidance='x' is not allowed: guidance must be a number from 0 to 20"):
+        limits.bounded_float("guidance", "x", 0.0, 20.0)
+
+
+def test_rejections_log_one_line_without_a_traceback(caplog):
+    err = limits.rejected("steps=60 is out of bounds")
+    assert isinstance(err, gr.Error) and err.print_exception is False
+    assert [r.getMessage() for r in caplog.records] == ["rejected: steps=60 is out of bounds"]
+
+
+def test_raw_fields_pass_the_value_through():
+    from mediagen.app import fields
+
+    assert fields.RawNumber(precision=0).preprocess(2.5) == 2.5           # not rounded to 2 silently
+    assert fields.RawNumber(precision=0).preprocess("abc") == "abc"
+    assert fields.RawRadio(["a", "b"]).preprocess("zzz") == "zzz"           # the handler names the field
+    assert fields.RawRadio(["a"]).get_block_name() == "radio"
+    assert fields.RawCheckboxGroup(["a"]).get_block_name() == "checkboxgroup"
+
+
+def test_limits_follow_the_device_and_the_patch_stride():
+    cpu, gpu = limits.Limits.for_device("cpu"), limits.Limits.for_device("cuda")
+    assert cpu.max_steps < gpu.max_steps and cpu.max_side < gpu.max_side and cpu.max_request_s
+    assert limits.Limits.for_device("cpu", max_steps=7).max_steps == 7
+    lim = limits.Limits(max_side=100)
+    assert lim.side_range(8) == (8, 96)                            # no size the model cannot run
+    with pytest.raises(gr.Error, match=r"width=100 is out of bounds: this server allows width from 8 to 96"):
+        limits.bounded_side("width", 100, 8, lim)
+    with pytest.raises(gr.Error, match=r"height=4 is out of bounds: this server allows height from 8 to 96"):
+        limits.bounded_side("height", 4, 8, lim)
+
+
+def test_time_budget_refuses_past_the_bound_with_the_estimate():
+    budget = limits.TimeBudget(max_seconds=60)
+    work = limits.TimeBudget.work(steps=2, tokens=1000, batch=1, guidance=4.0)
+    assert budget.check(("video", "mhla"), work, steps=2) is None           # nothing measured yet: it runs
+    budget.record(("video", "mhla"), work, seconds=10.0)                    # 5 s a step
+    assert budget.check(("video", "mhla"), work * 5, steps=10) == pytest.approx(50.0)
+    with pytest.raises(gr.Error, match=r"steps=20: this request would take about 100 s here, past this server's "
+                                       r"60 s per request: use steps ≤ 12"):
+        budget.check(("video", "mhla"), work * 10, steps=20)
+
+
+# --- only trained models on offer, each saying what it is -------------------------------------
+
+def _checkpoints(root, names):
+    for name in names:
+        (root / name).mkdir()
+        (root / name / "model_index.json").write_text("{}")
+
+
+def test_only_trained_attentions_are_offered(tmp_path):
+    _checkpoints(tmp_path, ["image-sdpa", "image-mhla", "image-linear", "video-sdpa", "video-mhla"])
+    shipped = models.default_models(tmp_path)
+    assert shipped.image.offered() == ["sdpa", "mhla", "linear"]
+    assert shipped.video.offered() == ["sdpa", "mhla"]
+    with pytest.raises(ValueError, match=r"^attention='linear' is not allowed for the text-to-video / text-to-image "
+                                         r"model \(no trained video-linear checkpoint; untrained conversions are not "
+                                         r"offered\): choose one of \['sdpa', 'mhla'\]$"):
+        shipped.check_attention("video", "linear")
+    with pytest.raises(ValueError, match=r"attention='hybrid' is not allowed for the class-conditional image model"):
+        shipped.check_attention("image", "hybrid")
+    with pytest.raises(ValueError, match=r"attention='cuda' is not allowed .*: choose one of"):
+        shipped.check_attention("image", "cuda")
+    assert "image-sdpa, image-mhla, image-linear" in models.describe_models(shipped)
+    assert "video-sdpa, video-mhla" in models.describe_models(shipped)
+    bare = models.default_models(tmp_path / "none")                   # no checkpoints: the preset, labelled
+    assert bare.video.offered() == ["sdpa"]
+    assert models.model_info(bare, "video", "sdpa").startswith("wan-mmnist (sdpa, untrained): untrained")
+
+
+def test_model_info_reads_the_card(tmp_path):
+    import json
+
+    _checkpoints(tmp_path, ["image-sdpa", "video-sdpa", "video-mhla"])
+    (tmp_path / "video-mhla" / "card.json").write_text(json.dumps(
+        {"trained_steps": 40000, "clips_seen": 2560000, "scores": {"digit_ok": 0.912, "direction_ok": 0.84},
+         "measured_on": "512 clips"}))
+    (tmp_path / "image-sdpa" / "card.json").write_text("{not json")
+    m = models.default_models(tmp_path)
+    assert models.model_info(m, "video", "mhla") == ("video-mhla: trained 40,000 training steps, 2,560,000 clips "
+                                                     "seen; scores: digit_ok 0.912, direction_ok 0.84 (512 clips)")
+    assert models.model_info(m, "video", "sdpa") == "video-sdpa: trained (steps not recorded); scores: not measured"
+    assert "card.json unreadable" in models.model_info(m, "image", "sdpa")
+
+
+# --- Compare: progress names the configuration; blank output is not rewarded; table fits ------
+
+def _fake_compare(monkeypatch, samples):
+    from mediagen.app import generation
+
+    calls = iter(samples)
+
+    def run_one(cache, req, attention, encoder, on_step=None):
+        for s in range(1, req.steps + 1):
+            on_step(s)
+        return generation.Generated(next(calls)[None], {"text_encoding": 0.001, "denoising": 15.69, "decoding": 0.01})
+
+    monkeypatch.setattr(compare, "run_one", run_one)
+    monkeypatch.setattr(compare.scores, "video_scores", lambda sample, prompt: {})
+    monkeypatch.setattr(compare, "semantic_verdict", lambda sample, prompt: {})
+
+
+def test_compare_progress_names_the_configuration_and_blank_is_not_rewarded(monkeypatch):
+    digit = np.zeros((3, 16, 16, 1))
+    digit[:, 4:12, 6:9] = 1.0                                         # a bright stroke on black
+    moved = np.roll(digit, 5, axis=2)                                 # a real clip, digit elsewhere
+    blank = np.zeros_like(digit)
+    _fake_compare(monkeypatch, [digit, moved, blank])
+    seen = []
+    req = compare.CompareRequest("text-to-video", [("sdpa", "FlashAttention"), ("mhla", "HLA"), ("mhla", "MLRA")],
+                                 seed=0, steps=2, guidance=1.0, prompt="x", frames=3, height=16, width=16)
+    rows = compare.compare(None, req, lambda frac, desc: seen.append(desc))
+    assert "configuration 2/3: mhla · HLA, step 1/2" in seen
+    ref, real, empty = rows
+    assert empty["blank"] and empty["ssim"] is None and empty["psnr_db"] is None
+    assert not real["blank"] and real["ssim"] is not None
+    assert compare.is_blank(blank) and not compare.is_blank(digit)
+
+
+def test_compare_table_is_short_and_plain(monkeypatch, tmp_path):
+    from mediagen.app.handlers import MediagenApp, _cell
+
+    assert _cell("total_ms", 15690.4) == "15,690" and _cell("ssim", 0.86234) == "0.862"
+    assert _cell("digit_ok", True) == "yes" and _cell("psnr_db", None) == "—"
+    app = MediagenApp.__new__(MediagenApp)
+    app.output_root = tmp_path
+    rows = [{"config": "sdpa · FlashAttention", "attention": "sdpa", "text_encoder": "FlashAttention",
+             "total_ms": 15690.4, "denoising_ms": 15000.0, "text_encoding_ms": 1.0, "decoding_ms": 3.0,
+             "psnr_db": float("inf"), "ssim": 1.0, "blank": False, "digit_ok": True, "direction_ok": False,
+             "subject_consistency": 0.9, "sample": np.zeros((8, 8, 1))}]
+    _, _, table, details = app._compare_outputs(rows, 0)
+    assert table["headers"] == ["config", "blank", "digit", "direction", "total ms", "denoise ms", "SSIM to ref",
+                                "PSNR to ref"]
+    assert table["data"][0][4] == "15,690" and details[0]["subject_consistency"] == 0.9
+
+
+def test_fresh_benchmark_warms_up_repeats_and_reports_the_spread(monkeypatch):
+    import mediagen.eval.attention_bench as ab
+
+    times = iter([99.0, 1.0, 3.0, 2.0])                               # the first pass is the warm-up
+    monkeypatch.setattr(ab, "bench_attention", lambda *a, **k: ([{"method": "sdpa", "N": 64,
+                                                                   "fwd_ms": next(times)}], None))
+    rows = bench_results.fresh_rows("cpu", repeats=3)
+    assert rows == [{"method": "sdpa", "N": 64, "fwd_ms": 2.0, "fwd_min_ms": 1.0, "fwd_max_ms": 3.0, "runs": 3}]
+    assert "| sdpa | 64 | 2.000 | 1.000–3.000 | 3 |" in bench_results.markdown(rows)

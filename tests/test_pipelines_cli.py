@@ -89,3 +89,23 @@ def test_generate_keeps_a_model_saved_with_the_asked_attention(tmp_path):
         images[name] = np.asarray(Image.open(out)).astype(int)
     assert np.array_equal(images["mhla"], images["saved"])
     assert not np.array_equal(images["linear"], images["saved"])
+
+
+def test_generate_offers_only_trained_attentions_for_shipped_models(tmp_path, capsys):
+    out = tmp_path / "x.mp4"
+    assert main(["generate", "--task", "text-to-video", "--attention", "linear", "--prompt", "x", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--attention linear is not allowed with the shipped video models: trained checkpoints exist for sdpa, mhla" \
+        in err and not out.exists()
+    assert main(["generate", "--model", "image-mhla", "--attention", "wan-mhla-h", "--out", str(tmp_path / "a.png")]) == 2
+    assert "--attention wan-mhla-h is not allowed with the shipped image models" in capsys.readouterr().err
+
+
+def test_generate_prompt_image_from_the_shipped_mhla_video_model(tmp_path, capsys):
+    """One frame through the shipped video-mhla checkpoint: its trained blocks are fitted to the
+    one-frame grid (mediagen.attention.mhla.fit_mix) instead of failing."""
+    out = tmp_path / "seven.png"
+    assert main(["generate", "--task", "text-to-image", "--attention", "mhla", "--prompt", "the digit 7", "--steps",
+                 "1", "--height", "32", "--width", "32", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    assert np.asarray(Image.open(out)).shape[:2] == (32, 32)

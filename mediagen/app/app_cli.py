@@ -3,7 +3,8 @@
     mediagen app                          # http://127.0.0.1:7860
     mediagen app --port 8000 --concurrency 1 --max-queue 16 --device cpu
 
-Models load once at start (``--no-preload`` loads each on first use) and stay cached.
+Models load once at start (``--no-preload`` loads each on first use) and stay cached. The bounds on
+a request default to the device's (``Limits.for_device``); the flags override them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ def register(sub):
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is a GPU)")
     p.add_argument("--concurrency", type=int, default=2, help="requests run at once per endpoint")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting at most; more are turned away")
-    p.add_argument("--max-side", type=int, default=Limits.max_side, help="largest height/width in pixels")
-    p.add_argument("--max-frames", type=int, default=Limits.max_frames)
-    p.add_argument("--max-steps", type=int, default=Limits.max_steps)
-    p.add_argument("--max-batch", type=int, default=Limits.max_batch)
+    p.add_argument("--max-side", type=int, default=None,
+                   help="largest height/width in pixels (default: by device, Limits.for_device: 64 on cpu, 128 on cuda)")
+    p.add_argument("--max-frames", type=int, default=None, help="default: 17 on cpu, 33 on cuda")
+    p.add_argument("--max-steps", type=int, default=None, help="default: 20 on cpu, 50 on cuda")
+    p.add_argument("--max-batch", type=int, default=None, help="default: 2 on cpu, 4 on cuda")
+    p.add_argument("--max-request-s", type=float, default=None,
+                   help="refuse a request estimated to take longer (default: 90 on cpu, 120 on cuda)")
     p.add_argument("--checkpoints", default=None, help="folder of shipped checkpoints (see mediagen.app.models)")
     p.add_argument("--results", default=None, help="recorded latency tables (default benchmarks/RESULTS.md)")
     p.add_argument("--output-dir", default=None, help="where outputs are written (default: a temp folder)")
@@ -31,8 +35,8 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def _positive(name: str, value: int) -> int:
-    if value < 1:
+def _positive(name: str, value):
+    if value is not None and value <= 0:
         raise ValueError(f"--{name} {value} is not allowed: use a positive number")
     return value
 
@@ -51,13 +55,16 @@ def launch(app, host: str = "127.0.0.1", port: int | None = 7860, concurrency: i
 
 def run(args) -> int:
     from .handlers import MediagenApp
-    from .models import default_models
+    from .models import default_device, default_models
 
     device = torch.device(args.device) if args.device else None
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
-    limits = Limits(max_side=_positive("max-side", args.max_side), max_frames=_positive("max-frames", args.max_frames),
-                    max_steps=_positive("max-steps", args.max_steps), max_batch=_positive("max-batch", args.max_batch))
+    limits = Limits.for_device(device or default_device(), max_side=_positive("max-side", args.max_side),
+                               max_frames=_positive("max-frames", args.max_frames),
+                               max_steps=_positive("max-steps", args.max_steps),
+                               max_batch=_positive("max-batch", args.max_batch),
+                               max_request_s=_positive("max-request-s", args.max_request_s))
     app = MediagenApp(default_models(args.checkpoints), limits, device, args.output_dir, args.results)
     if not args.no_preload:
         app.cache.preload()

@@ -83,21 +83,48 @@ def read_results(path: str | Path | None = None) -> list[dict]:
     return rows
 
 
-def fresh_rows(device, rep_ms: float = 50.0, shapes=None) -> list[dict]:
-    """Attention forward latency measured now (``mediagen bench``'s shapes for the device)."""
+def fresh_rows(device, rep_ms: float = 50.0, shapes=None, repeats: int = 3) -> list[dict]:
+    """Attention forward latency measured now (``mediagen bench``'s shapes for the device).
+
+    A CPU's timings move with whatever else runs on it, so one pass is not a measurement: one
+    discarded pass warms up (allocator, caches, thread pool), then ``repeats`` passes each time
+    every (shape, method); a row reports their median ``fwd_ms`` and the spread ``fwd_min_ms`` /
+    ``fwd_max_ms`` (``runs``: passes that gave a time)."""
+    import statistics
+
     import torch
 
     from ..eval.attention_bench import bench_attention
 
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is not allowed: use a whole number of passes >= 1")
     device = torch.device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows, _ = bench_attention(device, dtype, shapes=shapes, backward=False, warmup_ms=10.0, rep_ms=rep_ms)
-    return [r for r in rows if r.get("fwd_ms") is not None]
+
+    def one_pass(rep):
+        rows, _ = bench_attention(device, dtype, shapes=shapes, backward=False, warmup_ms=10.0, rep_ms=rep)
+        return rows
+
+    one_pass(min(rep_ms, 10.0))                                       # warm-up, not reported
+    times: dict = {}
+    for _ in range(repeats):
+        for r in one_pass(rep_ms):
+            if r.get("fwd_ms") is not None:
+                times.setdefault((r["method"], r["N"]), []).append(float(r["fwd_ms"]))
+    return [{"method": m, "N": n, "fwd_ms": statistics.median(t), "fwd_min_ms": min(t), "fwd_max_ms": max(t),
+             "runs": len(t)} for (m, n), t in times.items()]
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| method | N | fwd ms |", "|---|---|---|"]
+    """The table shown under the plot; with repeated measurements, the spread (min–max) too."""
+    spread = any("fwd_min_ms" in r for r in rows)
+    head = "| method | N | fwd ms (median) | min–max ms | runs |" if spread else "| method | N | fwd ms |"
+    lines = [head, "|---|---|---|---|---|" if spread else "|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["method"], r["N"])):
         ms = r.get("fwd_ms")
-        lines.append(f"| {r['method']} | {r['N']} | {'—' if ms is None else f'{ms:.3f}'} |")
+        cells = [r["method"], str(r["N"]), "—" if ms is None else f"{ms:.3f}"]
+        if spread:
+            lo, hi = r.get("fwd_min_ms"), r.get("fwd_max_ms")
+            cells += ["—" if lo is None else f"{lo:.3f}–{hi:.3f}", str(r.get("runs", ""))]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -2,15 +2,23 @@
 
 The reference is ``sdpa`` with the FlashAttention encoder (softmax everywhere); it always runs
 first. Each configuration reports its stage latencies, its agreement with the reference (PSNR,
-SSIM) and reference-free scores (the digit classifier for images, VBench-style for videos).
-For the class-conditional image model the text encoder plays no part, so configurations that
-differ only in it are run once.
+SSIM) and reference-free scores (the digit classifier for images, VBench-style and the
+Moving-MNIST digit / direction verdicts for videos). For the class-conditional image model the
+text encoder plays no part, so configurations that differ only in it are run once.
+
+Agreement with the reference is not quality: two good samples of one prompt may differ everywhere,
+and a blank frame shares the reference's dark background, so it scores a high SSIM against a digit
+clip while a real clip with its digit elsewhere scores low. So a blank output (no frame with any
+contrast, ``is_blank``) gets no PSNR/SSIM at all and is marked ``blank``, and the quality columns
+are the reference-free ones.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import generation, scores
 from .similarity import psnr, ssim
@@ -25,10 +33,12 @@ def config_label(attention: str, encoder: str) -> str:
     return attention if encoder == NO_ENCODER else f"{attention}{SEPARATOR}{encoder}"
 
 
-def parse_config(label: str, attentions, encoders) -> tuple[str, str]:
+def parse_config(label: str, attentions, encoders, task: str | None = None) -> tuple[str, str]:
+    """(attention, encoder) of a label "mhla · HLA"; ``attentions``: those offered for the task."""
     parts = str(label).split(SEPARATOR)
     if len(parts) != 2 or parts[0] not in attentions or parts[1] not in encoders:
-        raise ValueError(f"configuration {label!r} is not allowed: use '<attention>{SEPARATOR}<text encoder>' with "
+        where = f" for {task}" if task else ""
+        raise ValueError(f"configs: {label!r} is not allowed{where}: use '<attention>{SEPARATOR}<text encoder>' with "
                          f"attention in {list(attentions)} and text encoder in {list(encoders)}")
     return parts[0], parts[1]
 
@@ -61,18 +71,45 @@ def plan(task: str, configs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(a, NO_ENCODER) for a, _ in out] if class_task else out
 
 
-def run_one(cache, req: CompareRequest, attention: str, encoder: str) -> generation.Generated:
+def run_one(cache, req: CompareRequest, attention: str, encoder: str, on_step=None) -> generation.Generated:
     if req.task == "class-to-image":
-        return generation.class_images(cache, attention, req.class_label, 1, req.seed, req.steps, req.guidance)
+        return generation.class_images(cache, attention, req.class_label, 1, req.seed, req.steps, req.guidance,
+                                       on_step=on_step)
     frames = 1 if req.task == "text-to-image" else req.frames
     return generation.text_samples(cache, attention, encoder, req.prompt, None, 1, req.seed, req.steps,
-                                   req.guidance, req.height, req.width, frames)
+                                   req.guidance, req.height, req.width, frames, on_step=on_step)
+
+
+BLANK_CONTRAST = 0.05   # a frame whose pixel spread (std, values in [0, 1]) is below this shows nothing
+
+
+def is_blank(sample) -> bool:
+    """Whether an image (H, W, C) or clip (F, H, W, C) in [0, 1] shows nothing: no frame has a pixel
+    spread of ``BLANK_CONTRAST`` (a digit on its background has about 0.3)."""
+    a = np.asarray(sample, dtype=np.float64)
+    frames = a[None] if a.ndim == 3 else a
+    return bool(frames.reshape(len(frames), -1).std(axis=1).max() < BLANK_CONTRAST)
+
+
+def semantic_verdict(video, prompt: str | None) -> dict:
+    """{"digit_ok", "direction_ok"} of ``mediagen.eval.moving_mnist.score_clips`` for a clip whose
+    prompt names digits; {} when the prompt names none or that scorer is not available."""
+    from ..eval import moving_mnist
+
+    score_clips = getattr(moving_mnist, "score_clips", None)
+    if score_clips is None or not prompt or moving_mnist.parse_prompt(prompt) is None:
+        return {}
+    verdict = score_clips([video], [prompt])[0]
+    return {k: verdict.get(k) for k in ("digit_ok", "direction_ok")}
 
 
 def quality(req: CompareRequest, sample, reference) -> dict:
-    out = {"psnr_db": psnr(sample, reference), "ssim": ssim(sample, reference)}
+    blank = is_blank(sample)
+    out = {"blank": blank, "psnr_db": None if blank else psnr(sample, reference),
+           "ssim": None if blank else ssim(sample, reference)}
     if sample.ndim == 4:                                             # a video (F, H, W, C)
         out.update(scores.video_scores(sample, req.prompt or None))
+        out.update(semantic_verdict(sample, req.prompt or None))
     else:
         digit = req.class_label if req.task == "class-to-image" else scores.prompt_digit(req.prompt)
         out.update(scores.digit_scores(sample[None], digit))
@@ -80,13 +117,21 @@ def quality(req: CompareRequest, sample, reference) -> dict:
 
 
 def compare(cache, req: CompareRequest, progress=None) -> list[dict]:
-    """One row per configuration: label, stage latencies (ms), quality, and the sample itself."""
+    """One row per configuration: label, stage latencies (ms), quality, and the sample itself.
+    ``progress(fraction, desc=...)`` hears which configuration runs and its denoising step."""
     rows, reference = [], None
+    n = len(req.configs)
     for i, (attention, encoder) in enumerate(req.configs):
         label = config_label(attention, encoder)
+
+        def on_step(done, i=i, label=label):
+            if progress is not None:
+                progress((i + done / req.steps) / n,
+                         desc=f"configuration {i + 1}/{n}: {label}, step {done}/{req.steps}")
+
         if progress is not None:
-            progress(i / len(req.configs), desc=f"{label} ({i + 1}/{len(req.configs)})")
-        result = run_one(cache, req, attention, encoder)
+            progress(i / n, desc=f"configuration {i + 1}/{n}: {label}, loading")
+        result = run_one(cache, req, attention, encoder, on_step)
         sample = result.samples[0]
         reference = sample if reference is None else reference
         ms = {f"{k}_ms": 1e3 * v for k, v in result.timings.items()}

@@ -56,8 +56,20 @@ def _generator(cache, seed: int):
     return torch.Generator(device=cache.device).manual_seed(int(seed))
 
 
+def _step_callback(on_step):
+    """A pipeline step-end callback calling ``on_step(steps done)``; None when there is nothing to call."""
+    if on_step is None:
+        return None
+
+    def callback(pipe, i, t, tensors):
+        on_step(i + 1)
+        return {}
+
+    return callback
+
+
 def class_images(cache, attention: str, class_label: int, batch: int, seed: int, steps: int,
-                 guidance: float) -> Generated:
+                 guidance: float, on_step=None) -> Generated:
     """``batch`` images of one class from the class-conditional model."""
     from ..pipelines.class_image import ClassConditionalImagePipeline
     from ..pipelines.vae_utils import latents_to_vae, vae_dtype
@@ -68,7 +80,8 @@ def class_images(cache, attention: str, class_label: int, batch: int, seed: int,
     clock.timings["text_encoding"] = 0.0
     with clock.stage("denoising"):
         latents = pipe(class_labels=[int(class_label)] * batch, guidance_scale=guidance, num_inference_steps=steps,
-                       generator=_generator(cache, seed), output_type="latent").images
+                       generator=_generator(cache, seed), output_type="latent",
+                       callback_on_step_end=_step_callback(on_step)).images
     with clock.stage("decoding"), torch.no_grad():
         z = latents_to_vae(pipe.vae, latents.to(vae_dtype(pipe.vae)))
         images = pipe.image_processor.postprocess(pipe.vae.decode(z, return_dict=False)[0].float(), output_type="np")
@@ -87,7 +100,8 @@ def encode_prompt(cache, encoder_label: str, prompt: str, negative_prompt: str |
 
 
 def text_samples(cache, attention: str, encoder_label: str, prompt: str, negative_prompt: str | None, batch: int,
-                 seed: int, steps: int, guidance: float, height: int, width: int, frames: int) -> Generated:
+                 seed: int, steps: int, guidance: float, height: int, width: int, frames: int,
+                 on_step=None) -> Generated:
     """Videos (frames > 1) or images (frames == 1, returned as (B, H, W, C)) from the text model."""
     from ..pipelines.text_video import TextToVideoPipeline
 
@@ -101,7 +115,8 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
     with clock.stage("denoising"):
         latents = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, height=height, width=width,
                        num_frames=frames, num_inference_steps=steps, guidance_scale=guidance,
-                       num_videos_per_prompt=batch, generator=_generator(cache, seed), output_type="latent").frames
+                       num_videos_per_prompt=batch, generator=_generator(cache, seed), output_type="latent",
+                       callback_on_step_end=_step_callback(on_step)).frames
     with clock.stage("decoding"), torch.no_grad():
         videos = np.asarray(pipe.decode(latents, "np"), dtype=np.float32)
     return Generated(videos[:, 0] if frames == 1 else videos, clock.timings)

@@ -3,21 +3,23 @@
 fresh folder and returns what the page shows and what can be downloaded.
 
 Bad input that only the models can judge (a size the patch grid does not divide, a frame count
-the autoencoder cannot take) raises ``ValueError`` inside; it reaches the user as ``gr.Error`` with
-the same message.
+the autoencoder cannot take, an attention the family does not offer) raises ``ValueError`` inside;
+it reaches the user as ``gr.Error`` with the same one-line message, and the log gets that line
+rather than a traceback.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import gradio as gr
 
 from . import bench_results, compare, files, generation
-from .limits import Limits, bounded_float, bounded_int, bounded_prompt, bounded_side
-from .models import ATTENTIONS, ModelCache, ModelSet, default_models
-from .sizes import default_video_size, image_side, video_geometry
+from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
+from .models import ModelCache, ModelSet, default_models, model_info
+from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
 COMPARE_TASKS = ("text-to-video", "text-to-image", "class-to-image")
@@ -35,7 +37,7 @@ def readable_errors(fn):
         except gr.Error:
             raise
         except (ValueError, FileNotFoundError) as err:
-            raise gr.Error(str(err)) from None
+            raise rejected(str(err)) from None
 
     return wrapper
 
@@ -47,9 +49,14 @@ def _ms(timings: dict) -> dict:
 
 
 def _choice(name: str, value, allowed) -> str:
-    if value not in allowed:
-        raise gr.Error(f"{name}={value!r} is not allowed: choose one of {list(allowed)}")
+    if not isinstance(value, str) or value not in allowed:
+        raise rejected(f"{name}={value!r} is not allowed: choose one of {list(allowed)}")
     return value
+
+
+def _family(task_or_mode: str) -> str:
+    """Which model family serves an image mode or a Compare task."""
+    return "image" if task_or_mode in ("class", "class-to-image") else "video"
 
 
 class MediagenApp:
@@ -58,7 +65,8 @@ class MediagenApp:
     def __init__(self, models: ModelSet | None = None, limits: Limits | None = None, device=None,
                  output_dir=None, results_path=None, bench_shapes=None):
         self.cache = ModelCache(models or default_models(), device)
-        self.limits = limits or Limits()
+        self.limits = limits or Limits.for_device(self.cache.device)
+        self.budget = TimeBudget(self.limits.max_request_s)
         self.output_root = files.output_root(output_dir)
         self.results_path = Path(results_path) if results_path else bench_results.default_results_path()
         self.bench_shapes = bench_shapes
@@ -68,35 +76,70 @@ class MediagenApp:
         return (bounded_int("seed", seed, 0, MAX_SEED), bounded_int("steps", steps, 1, self.limits.max_steps),
                 bounded_float("guidance", guidance, 0.0, self.limits.max_guidance))
 
-    def _text_size(self, height, width, frames) -> tuple[int, int, int]:
+    def _text_size(self, height, width, frames, min_frames: int = 1) -> tuple[int, int, int]:
         g = video_geometry(self.cache)
         return (bounded_side("height", height, g.stride_h, self.limits),
                 bounded_side("width", width, g.stride_w, self.limits),
-                bounded_int("frames", frames, 1, self.limits.max_frames))
+                bounded_int("frames", frames, min_frames, self.limits.max_frames))
 
     def _encoder(self, label) -> str:
         return _choice("text_encoder", label, self.cache.models.text_encoders)
+
+    def _attention(self, family: str, attention, field: str = "attention") -> str:
+        if not isinstance(attention, str):
+            raise rejected(f"{field}={attention!r} is not allowed: choose one of "
+                           f"{self.cache.models.source(family).offered()}")
+        return self.cache.models.check_attention(family, attention, field)
+
+    def offered(self, family: str) -> list[str]:
+        return self.cache.models.source(family).offered()
+
+    def info(self, family: str, attention) -> str:
+        """The info line of the model behind (family, attention), for the page."""
+        if attention not in self.offered(family):
+            return ""
+        return model_info(self.cache.models, family, attention)
+
+    # --- time: estimated before a run, measured after it -----------------------------------
+    def _timed(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float, run):
+        """Run ``run()`` unless its estimated time is past the limit; record its denoising rate."""
+        key = (family, attention)
+        work = TimeBudget.work(steps, tokens, batch, guidance)
+        self.budget.check(key, work, steps)
+        result = run()
+        self.budget.record(key, work, result.timings.get("denoising", 0.0))
+        return result
+
+    def estimate(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float):
+        """Estimated seconds of such a request on this server (None before one has run)."""
+        return self.budget.estimate((family, attention), TimeBudget.work(steps, tokens, batch, guidance))
 
     # --- Image -------------------------------------------------------------------------------
     @readable_errors
     def image(self, mode, class_label, prompt, negative_prompt, attention, text_encoder, batch, seed, steps,
               guidance, height, width, progress=gr.Progress(track_tqdm=True)):
         mode = _choice("mode", mode, IMAGE_MODES)
-        attention = _choice("attention", attention, ATTENTIONS)
+        family = _family(mode)
+        attention = self._attention(family, attention)
         batch = bounded_int("batch", batch, 1, self.limits.max_batch)
         seed, steps, guidance = self._common(seed, steps, guidance)
-        progress(0, desc="loading models")
         if mode == "class":
             num_classes = int(self.cache.base("image").transformer.config.num_embeds_ada_norm)
             label = bounded_int("class_label", class_label, 0, num_classes - 1)
-            result = generation.class_images(self.cache, attention, label, batch, seed, steps, guidance)
+            progress(0, desc="loading models")
+            tokens = _prod(image_grid(self.cache))
+            result = self._timed(family, attention, tokens, batch, steps, guidance, lambda: generation.class_images(
+                self.cache, attention, label, batch, seed, steps, guidance))
             stem = f"class{label}-{attention}-seed{seed}"
         else:
             prompt = bounded_prompt(prompt, self.limits)
-            negative_prompt = bounded_prompt(negative_prompt, self.limits)
+            negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
             h, w, _ = self._text_size(height, width, 1)
-            result = generation.text_samples(self.cache, attention, self._encoder(text_encoder), prompt,
-                                             negative_prompt, batch, seed, steps, guidance, h, w, 1)
+            encoder = self._encoder(text_encoder)
+            progress(0, desc="loading models")
+            tokens = _prod(video_grid(self.cache, 1, h, w))
+            result = self._timed(family, attention, tokens, batch, steps, guidance, lambda: generation.text_samples(
+                self.cache, attention, encoder, prompt, negative_prompt, batch, seed, steps, guidance, h, w, 1))
             stem = f"{files.slug(prompt)[:40]}-{attention}-seed{seed}"
         folder = files.request_dir(self.output_root, "image")
         downloads, previews = files.save_images(result.samples, folder, stem)
@@ -107,17 +150,16 @@ class MediagenApp:
     def video(self, prompt, negative_prompt, attention, text_encoder, frames, height, width, batch, seed, steps,
               guidance, progress=gr.Progress(track_tqdm=True)):
         prompt = bounded_prompt(prompt, self.limits)
-        negative_prompt = bounded_prompt(negative_prompt, self.limits)
-        attention = _choice("attention", attention, ATTENTIONS)
+        negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
+        attention = self._attention("video", attention)
         encoder = self._encoder(text_encoder)
-        h, w, f = self._text_size(height, width, frames)
-        if f < 2:
-            raise gr.Error(f"frames={f}: a video needs at least 2 frames (use the Image tab for one)")
+        h, w, f = self._text_size(height, width, frames, min_frames=2)   # one frame: the Image tab
         batch = bounded_int("batch", batch, 1, self.limits.max_batch)
         seed, steps, guidance = self._common(seed, steps, guidance)
         progress(0, desc="loading models")
-        result = generation.text_samples(self.cache, attention, encoder, prompt, negative_prompt, batch, seed, steps,
-                                         guidance, h, w, f)
+        tokens = _prod(video_grid(self.cache, f, h, w))
+        result = self._timed("video", attention, tokens, batch, steps, guidance, lambda: generation.text_samples(
+            self.cache, attention, encoder, prompt, negative_prompt, batch, seed, steps, guidance, h, w, f))
         folder = files.request_dir(self.output_root, "video")
         downloads, _ = files.save_videos(result.samples, folder, f"{files.slug(prompt)[:40]}-{attention}-seed{seed}")
         return downloads[0], downloads, _ms(result.timings)
@@ -125,25 +167,40 @@ class MediagenApp:
     # --- Compare -----------------------------------------------------------------------------
     @readable_errors
     def compare(self, task, configs, prompt, class_label, seed, steps, guidance, frames, height, width,
-                progress=gr.Progress(track_tqdm=True)):
+                progress=gr.Progress()):
         task = _choice("task", task, COMPARE_TASKS)
+        family = _family(task)
         encoders = list(self.cache.models.text_encoders)
-        chosen = [compare.parse_config(c, ATTENTIONS, encoders) for c in (configs or [])]
+        if configs is not None and not isinstance(configs, (list, tuple)):
+            configs = [configs]
+        offered = self.offered(family)
+        chosen = [compare.parse_config(c, offered, encoders, task) for c in (configs or [])]
         planned = compare.plan(task, chosen)
         if len(planned) > self.limits.max_configs:
-            raise gr.Error(f"{len(planned)} configurations (with the sdpa · FlashAttention reference) is too many: "
-                           f"this server compares at most {self.limits.max_configs} at once")
+            raise rejected(f"configs: {len(planned)} configurations (with the sdpa · FlashAttention reference) is "
+                           f"too many: this server compares at most {self.limits.max_configs} at once")
         seed, steps, guidance = self._common(seed, steps, guidance)
         req = compare.CompareRequest(task, planned, seed, steps, guidance)
         if task == "class-to-image":
             num_classes = int(self.cache.base("image").transformer.config.num_embeds_ada_norm)
             req.class_label = bounded_int("class_label", class_label, 0, num_classes - 1)
+            tokens = _prod(image_grid(self.cache))
         else:
             req.prompt = bounded_prompt(prompt, self.limits)
-            req.height, req.width, req.frames = self._text_size(height, width, frames if task == "text-to-video" else 1)
-            if task == "text-to-video" and req.frames < 2:
-                raise gr.Error(f"frames={req.frames}: a video needs at least 2 frames")
+            video = task == "text-to-video"
+            req.height, req.width, req.frames = self._text_size(height, width, frames if video else 1,
+                                                                min_frames=2 if video else 1)
+            tokens = _prod(video_grid(self.cache, req.frames, req.height, req.width))
+        estimates = [self.estimate(family, a, tokens, 1, steps, guidance) for a, _ in planned]
+        if all(e is not None for e in estimates) and self.limits.max_request_s is not None \
+                and sum(estimates) > self.limits.max_request_s:
+            raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {sum(estimates):.0f} s "
+                           f"here, past this server's {self.limits.max_request_s:.0f} s per request: use fewer "
+                           f"steps or configurations, or a smaller size")
         rows = compare.compare(self.cache, req, progress)
+        for (attention, _), row in zip(planned, rows):
+            self.budget.record((family, attention), TimeBudget.work(steps, tokens, 1, guidance),
+                               row.get("denoising_ms", 0.0) / 1e3)
         return self._compare_outputs(rows, seed)
 
     def _compare_outputs(self, rows, seed):
@@ -158,11 +215,10 @@ class MediagenApp:
                 got, previews = files.save_images(sample, folder, stem)
             downloads += got
             gallery.append((previews[0], row["config"]))
-        columns = ["config", "text_encoding_ms", "denoising_ms", "decoding_ms", "total_ms", "psnr_db", "ssim"]
-        columns += sorted({k for r in rows for k in r} - set(columns) - {"attention", "text_encoder"})
-        table = [[_cell(r.get(c)) for c in columns] for r in rows]
+        columns = [c for c in TABLE_COLUMNS if any(c in r for r in rows)]
+        table = [[_cell(c, r.get(c)) for c in columns] for r in rows]
         details = [{k: compare.finite(v) for k, v in r.items()} for r in rows]
-        return gallery, downloads, {"headers": columns, "data": table}, details
+        return gallery, downloads, {"headers": [TABLE_HEADERS[c] for c in columns], "data": table}, details
 
     # --- Benchmarks ----------------------------------------------------------------------------
     @readable_errors
@@ -173,7 +229,7 @@ class MediagenApp:
         else:
             progress(0, desc="timing attention")
             rows = bench_results.fresh_rows(self.cache.device, shapes=self.bench_shapes)
-            title = f"measured now on {self.cache.device.type}"
+            title = f"measured now on {self.cache.device.type}: median of 3 passes after a warm-up, spread min–max"
         from ..eval.latency_plot import plot_latency
 
         folder = files.request_dir(self.output_root, "bench")
@@ -185,14 +241,47 @@ class MediagenApp:
     # --- defaults for the page -----------------------------------------------------------------
     def page_defaults(self) -> dict:
         size = default_video_size(self.cache)
+        size["frames"] = max(2, min(size["frames"], self.limits.max_frames))
+        g = video_geometry(self.cache)
+        for key, stride in (("height", g.stride_h), ("width", g.stride_w)):
+            size[key] = min(size[key], self.limits.side_range(stride)[1])
         return {"image_side": image_side(self.cache), **size,
                 "num_classes": int(self.cache.base("image").transformer.config.num_embeds_ada_norm),
-                "text_encoders": list(self.cache.models.text_encoders)}
+                "text_encoders": list(self.cache.models.text_encoders),
+                "side_range_h": self.limits.side_range(g.stride_h), "side_range_w": self.limits.side_range(g.stride_w),
+                "stride_h": g.stride_h, "stride_w": g.stride_w, "max_seed": MAX_SEED,
+                "offered": {family: self.offered(family) for family in ("image", "video")}}
 
 
-def _cell(value):
+# The Compare table: the quality columns first (reference-free: digit / direction verdicts for
+# clips, the classifier for images), then total and denoising time, then agreement with the
+# reference; everything else is in "all numbers". Short headers keep it inside its pane.
+TABLE_COLUMNS = ("config", "blank", "digit_ok", "direction_ok", "digit_prob", "predicted", "vbench_total",
+                 "total_ms", "denoising_ms", "ssim", "psnr_db")
+TABLE_HEADERS = {"config": "config", "blank": "blank", "digit_ok": "digit", "direction_ok": "direction",
+                 "digit_prob": "p(digit)", "predicted": "read as", "vbench_total": "VBench",
+                 "total_ms": "total ms", "denoising_ms": "denoise ms", "ssim": "SSIM to ref",
+                 "psnr_db": "PSNR to ref"}
+
+
+def _prod(grid) -> int:
+    n = 1
+    for g in grid:
+        n *= int(g)
+    return n
+
+
+def _cell(column: str, value) -> str:
+    """A table cell: times as whole ms with thousands separators, yes/no for verdicts, 3
+    significant figures otherwise; the reference's own PSNR is ∞."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         if value == float("inf"):
             return "∞ (reference)"
-        return f"{value:.4g}"
-    return "" if value is None else str(value)
+        if column.endswith("_ms"):
+            return f"{value:,.0f}"
+        return f"{value:.3g}"
+    return str(value)

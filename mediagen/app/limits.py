@@ -1,21 +1,37 @@
 """Bounds on what one request may ask for, checked before any work starts.
 
-A value out of bounds raises ``gr.Error`` with a message naming the input, the value given and the
-allowed range, so the browser (and ``gradio_client``) shows a sentence instead of a stack trace.
-Sliders would make Gradio reject a value with its own nameless message; the app uses number
-fields and these checks instead.
+A value out of bounds raises ``gr.Error`` with a one-line message naming the input, the value given
+and what is allowed, so the browser (and ``gradio_client``) shows a sentence instead of a stack
+trace; the server log gets that one line too (``mediagen.app`` logger), not a traceback. The page's
+inputs hand their raw values to these checks (``fields.py``), so Gradio's own nameless checks
+(rounding 2.5 to 2, "could not convert 'abc'") never answer first.
+
+The default bounds follow the device (``Limits.for_device``): a CPU takes minutes where a GPU takes
+seconds, so it gets smaller sizes and fewer steps; and a request whose estimated time (``TimeBudget``,
+from this server's own earlier requests) is past ``max_request_s`` is refused with the estimate.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
+
+log = logging.getLogger("mediagen.app")
 
 
 def _error(message: str) -> Exception:
-    """``gr.Error(message)``; gradio is imported on use, so ``mediagen --help`` stays quick."""
+    """``gr.Error(message)`` without a traceback in the log (one line there instead); gradio is
+    imported on use, so ``mediagen --help`` stays quick."""
     import gradio as gr
 
-    return gr.Error(message)
+    log.warning("rejected: %s", message)
+    return gr.Error(message, print_exception=False)
+
+
+def rejected(message: str) -> Exception:
+    """The error for a bad request (used by the handlers for checks of their own)."""
+    return _error(message)
 
 
 @dataclass(frozen=True)
@@ -27,10 +43,29 @@ class Limits:
     max_configs: int = 6         # configurations in one Compare run (the sdpa reference included)
     max_prompt_chars: int = 500
     max_guidance: float = 20.0
+    max_request_s: float | None = None   # refuse a request estimated to take longer (None: no bound)
+    default_steps: int = 8
+
+    @classmethod
+    def for_device(cls, device, **overrides) -> "Limits":
+        """Bounds for ``device``. On a CPU one denoising step of a 16x64x64 clip takes seconds and a
+        128 px, 33-frame request took minutes at 2 steps, so a CPU gets 64 px, 17 frames, 20 steps,
+        batch 2 and a 90 s bound per request; a GPU keeps the full bounds and a 120 s bound."""
+        kind = getattr(device, "type", str(device))
+        base = (dict(max_side=64, max_frames=17, max_steps=20, max_batch=2, max_request_s=90.0, default_steps=4)
+                if kind == "cpu" else dict(max_request_s=120.0))
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
 
     def describe(self) -> str:
+        bound = f", about {self.max_request_s:.0f} s per request" if self.max_request_s else ""
         return (f"side ≤ {self.max_side} px, frames ≤ {self.max_frames}, steps ≤ {self.max_steps}, "
-                f"batch ≤ {self.max_batch}, configurations ≤ {self.max_configs}")
+                f"batch ≤ {self.max_batch}, configurations ≤ {self.max_configs}{bound}")
+
+    def side_range(self, stride: int) -> tuple[int, int]:
+        """(smallest, largest) height or width a model with this patch stride can run: multiples of
+        the stride up to max_side (the form offers exactly these)."""
+        return stride, max(stride, self.max_side // stride * stride)
 
 
 def bounded_int(name: str, value, low: int, high: int) -> int:
@@ -38,9 +73,9 @@ def bounded_int(name: str, value, low: int, high: int) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise _error(f"{name} must be a whole number from {low} to {high}; got {value!r}") from None
-    if number != int(number):
-        raise _error(f"{name} must be a whole number from {low} to {high}; got {value!r}")
+        raise _error(f"{name}={value!r} is not allowed: {name} must be a whole number from {low} to {high}") from None
+    if number != number or number in (float("inf"), float("-inf")) or number != int(number):
+        raise _error(f"{name}={value!r} is not allowed: {name} must be a whole number from {low} to {high}")
     number = int(number)
     if not low <= number <= high:
         raise _error(f"{name}={number} is out of bounds: this server allows {name} from {low} to {high}")
@@ -51,23 +86,62 @@ def bounded_float(name: str, value, low: float, high: float) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise _error(f"{name} must be a number from {low} to {high}; got {value!r}") from None
+        raise _error(f"{name}={value!r} is not allowed: {name} must be a number from {low:g} to {high:g}") from None
     if not low <= number <= high:
         raise _error(f"{name}={number:g} is out of bounds: this server allows {name} from {low:g} to {high:g}")
     return number
 
 
-def bounded_prompt(prompt, limits: Limits) -> str:
+def bounded_prompt(prompt, limits: Limits, name: str = "prompt") -> str:
     prompt = "" if prompt is None else str(prompt)
     if len(prompt) > limits.max_prompt_chars:
-        raise _error(f"prompt has {len(prompt)} characters; this server allows at most {limits.max_prompt_chars}")
+        raise _error(f"{name} has {len(prompt)} characters; this server allows at most {limits.max_prompt_chars}")
     return prompt
 
 
 def bounded_side(name: str, value, multiple: int, limits: Limits) -> int:
-    """A height or width: within [multiple, max_side] and a multiple of the model's patch stride."""
-    side = bounded_int(name, value, multiple, limits.max_side)
+    """A height or width: a multiple of the model's patch stride within ``limits.side_range``."""
+    low, high = limits.side_range(multiple)
+    side = bounded_int(name, value, low, high)
     if side % multiple:
         raise _error(f"{name}={side} must be a multiple of {multiple} (the model's patch stride), "
-                       f"e.g. {max(multiple, side - side % multiple)}")
+                     f"e.g. {max(multiple, side - side % multiple)}")
     return side
+
+
+class TimeBudget:
+    """Estimated seconds of a request, from the rate this server measured on earlier ones.
+
+    Work = steps x tokens x batch x (2 with guidance: two transformer passes a step); the rate is
+    seconds of denoising per unit of work, kept per (family, attention) as the most recent
+    measurement. Before any measurement there is no estimate and the request runs (its size is
+    still bounded by ``Limits``)."""
+
+    def __init__(self, max_seconds: float | None):
+        self.max_seconds = max_seconds
+        self._rates: dict = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def work(steps: int, tokens: int, batch: int, guidance: float) -> float:
+        return float(steps * tokens * batch * (2 if guidance > 1.0 else 1))
+
+    def estimate(self, key, work: float) -> float | None:
+        with self._lock:
+            rate = self._rates.get(key)
+        return None if rate is None else rate * work
+
+    def check(self, key, work: float, steps: int) -> float | None:
+        """The estimate in seconds (None before a measurement); refuses past ``max_seconds``."""
+        est = self.estimate(key, work)
+        if est is not None and self.max_seconds is not None and est > self.max_seconds:
+            fewer = max(1, int(steps * self.max_seconds / est))
+            raise _error(f"steps={steps}: this request would take about {est:.0f} s here, past this server's "
+                         f"{self.max_seconds:.0f} s per request: use steps ≤ {fewer}, or fewer frames, a smaller "
+                         f"size or batch")
+        return est
+
+    def record(self, key, work: float, seconds: float) -> None:
+        if work > 0 and seconds > 0:
+            with self._lock:
+                self._rates[key] = seconds / work

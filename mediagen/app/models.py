@@ -1,24 +1,43 @@
-"""Which models the app serves, and a cache that loads each one once.
+"""Which models the app serves, what each one is, and a cache that loads each one once.
 
 ``default_models()`` is the one place that decides what the app runs: the shipped checkpoints
-(docs/RESULTS.md) where present, else the small presets with seeded random weights: ``dit-mnist``
-for class-conditional digits (shipped trained with sdpa, mhla and linear attention), ``wan-mmnist``
-for text-to-video and text-to-image as one frame (shipped trained with sdpa and mhla), and MiniLM
-text encoders: the real all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and the MLRA / HLA
-encoders distilled from it (shipped; initialised from it otherwise). Shipped checkpoints are picked
-up from a folder
-(``MEDIAGEN_CHECKPOINTS``, default ``mediagen/checkpoints``) laid out as
+(docs/RESULTS.md), picked up from a folder (``MEDIAGEN_CHECKPOINTS``, default ``mediagen/checkpoints``)
+laid out as
 
     image-<attention>/    a class-conditional pipeline or transformer trained with that attention
-    video-<attention>/    a text-to-video pipeline or transformer          (attention: sdpa, mhla,
-    text-mlra/, text-hla/ saved ``PromptEncoder`` folders                    linear or hybrid)
+    video-<attention>/    a text-to-video pipeline or transformer (text-to-image = one frame)
+    text-mlra/, text-hla/ saved ``PromptEncoder`` folders      (attention: sdpa, mhla, linear, hybrid)
 
-An attention without its own checkpoint is converted from the ``sdpa`` one (or the preset).
+Only trained models are offered: an attention is on offer for a family exactly when its
+``<family>-<attention>/`` checkpoint exists (an untrained conversion of the sdpa weights gives blank
+grids, so it is never offered silently). A family with no checkpoint at all (a checkout without
+them) falls back to its preset (``dit-mnist``, ``wan-mmnist``) with random weights, sdpa only, and
+says so in its info line. Model sets built by hand (tests, experiments) may list attentions to
+serve untrained in ``ModelSource.untrained``; their info lines say "untrained" too. Text encoders:
+the real all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and the MLRA / HLA encoders
+distilled from it (``text-mlra/``, ``text-hla/``; initialised from MiniLM otherwise).
+
+Model card: a checkpoint folder may hold ``card.json``, read for the info line shown under the
+attention choice. Every key is optional:
+
+    {
+      "trained_steps": 40000,            optimizer steps (int)
+      "clips_seen": 2560000,             training samples seen: clips for video, "images_seen" for images
+      "images_seen": 1280000,
+      "scores": {"digit_ok": 0.91,       name -> number, measured on this checkpoint as shipped
+                 "direction_ok": 0.84},
+      "measured_on": "512 clips, 20 steps, seed 0",   what the scores were measured on (one line)
+      "note": "one line shown as is"
+    }
+
+Without a card (or without "scores") the info line says "scores: not measured".
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +60,11 @@ class ModelSource:
     base: str | dict
     trained: dict[str, str] = field(default_factory=dict)
     size: dict = field(default_factory=dict)
+    untrained: tuple[str, ...] = ()    # attentions served without training (converted from base)
+
+    def offered(self) -> list[str]:
+        """Attention labels on offer, in ``ATTENTIONS`` order: the trained ones, then any listed untrained."""
+        return [a for a in ATTENTIONS if a in self.trained or a in self.untrained]
 
 
 @dataclass
@@ -54,6 +78,90 @@ class ModelSet:
         if family not in FAMILIES:
             raise ValueError(f"model family {family!r} is not known: use one of {FAMILIES}")
         return self.image if family == "image" else self.video
+
+    def check_attention(self, family: str, attention, field_name: str = "attention") -> str:
+        """``attention`` if the family offers it, else a one-line ValueError naming the field, the value
+        and what is allowed."""
+        offered = self.source(family).offered()
+        if attention not in offered:
+            what = "class-conditional image" if family == "image" else "text-to-video / text-to-image"
+            why = ("" if attention not in ATTENTIONS else
+                   f" (no trained {family}-{attention} checkpoint; untrained conversions are not offered)")
+            raise ValueError(f"{field_name}={attention!r} is not allowed for the {what} model{why}: "
+                             f"choose one of {offered}")
+        return attention
+
+
+def read_card(folder) -> dict:
+    """The checkpoint's ``card.json`` (module docstring) as a dict; {} when absent. A card that is
+    not a JSON object comes back as {"error": ...} so the info line can say so."""
+    path = Path(folder) / "card.json"
+    if not path.is_file():
+        return {}
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return {"error": f"card.json unreadable ({err})"}
+    return card if isinstance(card, dict) else {"error": "card.json is not a JSON object"}
+
+
+def _count(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return str(value)
+    return f"{value:,.0f}"
+
+
+def _score(value) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def model_name(models: "ModelSet", family: str, attention: str) -> str:
+    """"video-mhla" for a trained checkpoint; "<preset> (<attention>, untrained)" otherwise."""
+    src = models.source(family)
+    if attention in src.trained:
+        return Path(src.trained[attention]).name
+    base = src.base if isinstance(src.base, str) else "custom preset"
+    return f"{base} ({attention}, untrained)"
+
+
+def model_info(models: "ModelSet", family: str, attention: str) -> str:
+    """One line saying what the model behind (family, attention) is: trained steps and scores from
+    its card, "not measured" without them; untrained models say so."""
+    src = models.source(family)
+    name = model_name(models, family, attention)
+    if attention not in src.trained:
+        source = "converted from the sdpa checkpoint" if "sdpa" in src.trained else "random weights"
+        return f"{name}: untrained ({source}), outputs are not meaningful; scores: not measured"
+    card = read_card(src.trained[attention])
+    if "error" in card:
+        return f"{name}: trained; {card['error']}; scores: not measured"
+    parts = []
+    if "trained_steps" in card:
+        parts.append(f"{_count(card['trained_steps'])} training steps")
+    for key, noun in (("clips_seen", "clips"), ("images_seen", "images")):
+        if key in card:
+            parts.append(f"{_count(card[key])} {noun} seen")
+    trained = "trained " + ", ".join(parts) if parts else "trained (steps not recorded)"
+    scores = card.get("scores")
+    if isinstance(scores, dict) and scores:
+        measured = "; scores: " + ", ".join(f"{k} {_score(v)}" for k, v in scores.items())
+        if card.get("measured_on"):
+            measured += f" ({card['measured_on']})"
+    else:
+        measured = "; scores: not measured"
+    note = f"; {card['note']}" if card.get("note") else ""
+    return f"{name}: {trained}{measured}{note}"
+
+
+def describe_models(models: "ModelSet") -> str:
+    """The served checkpoints by name, for the page's intro."""
+    parts = []
+    for family, what in (("image", "class-conditional digits"), ("video", "text-to-video, and text-to-image as one frame")):
+        names = [model_name(models, family, a) for a in models.source(family).offered()]
+        parts.append(f"{', '.join(names) or 'none'} ({what})")
+    return "; ".join(parts)
 
 
 def _trained(root: Path, family: str) -> dict[str, str]:
@@ -75,10 +183,12 @@ def default_models(root: str | Path | None = None) -> ModelSet:
     for label, short in (("MLRA", "mlra"), ("HLA", "hla")):
         if (root / f"text-{short}" / "config.json").is_file():
             encoders[label] = str(root / f"text-{short}")
+    image, clips = _trained(root, "image"), _trained(root, "video")
+    # a family without any checkpoint: its preset, sdpa only, labelled untrained (see the docstring)
     return ModelSet(
-        image=ModelSource("dit-mnist", _trained(root, "image")),
-        video=ModelSource("wan-mmnist", _trained(root, "video"),
-                          size={k: video[k] for k in ("frames", "height", "width")}),
+        image=ModelSource("dit-mnist", image, untrained=() if image else ("sdpa",)),
+        video=ModelSource("wan-mmnist", clips, size={k: video[k] for k in ("frames", "height", "width")},
+                          untrained=() if clips else ("sdpa",)),
         text_encoders=encoders)
 
 
@@ -138,8 +248,7 @@ class ModelCache:
 
     # --- transformers per attention ----------------------------------------------------------
     def blocks_for(self, family: str, attention: str, grid) -> tuple | None:
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention={attention!r} is not allowed: use one of {list(ATTENTIONS)}")
+        self.models.check_attention(family, attention)
         if attention in self.models.source(family).trained or "mhla" not in ATTENTIONS[attention]:
             return None
         from ..models.attention_spec import auto_blocks
@@ -205,7 +314,8 @@ class ModelCache:
         for family in FAMILIES:
             log(f"loading the {family} model")
             for attention in attentions:
-                self.transformer(family, attention, default_grid(self, family))
+                if attention in self.models.source(family).offered():
+                    self.transformer(family, attention, default_grid(self, family))
             self.vae(family)
         for label in self.models.text_encoders:
             log(f"loading the {label} text encoder")

@@ -64,12 +64,15 @@ def video_scores(video: np.ndarray, prompt: str | None, fps: float | None = None
     if len(frames) >= 3:
         raw["motion_smoothness"] = q.motion_smoothness(frames)
     parsed = parse_prompt(prompt) if prompt else None
+    verdicts = {}
     if parsed is not None and len(frames) >= 2:
-        raw.update(semantic_scores(frames, parsed, "cpu"))
+        for key, value in semantic_scores(frames, parsed, "cpu").items():
+            # yes/no verdicts (digit_ok, ...) are reported as they are, not aggregated as dimensions
+            (verdicts if value is None or isinstance(value, bool) else raw)[key] = value
     if not raw:
-        return {}
+        return verdicts
     report = aggregate(raw)
-    out = dict(raw)
+    out = {**raw, **verdicts}
     for key in ("quality", "semantic", "total"):
         if report[key] is not None:
             out[f"vbench_{key}"] = report[key]

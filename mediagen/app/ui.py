@@ -1,46 +1,90 @@
 """The page: tabs Image, Video, Compare and Benchmarks, each wired to one API endpoint of
-``MediagenApp`` (api names: generate_image, generate_video, compare, benchmarks)."""
+``MediagenApp`` (api names: generate_image, generate_video, compare, benchmarks).
+
+Choices follow the models: an attention is listed for a family only when the app offers it
+(``models.py``: trained checkpoints), and the model picked says what it is in an info line. Inputs
+are ``fields.Raw*`` components, so every value reaches the handler's named checks."""
 
 from __future__ import annotations
 
 import gradio as gr
 
 from .compare import REFERENCE, config_label
+from .fields import RawCheckboxGroup, RawNumber, RawRadio
 from .handlers import BENCH_SOURCES, COMPARE_TASKS, IMAGE_MODES, MediagenApp
-from .models import ATTENTIONS
+from .models import describe_models
 
 INTRO = ("**mediagen**: image and video diffusion transformers whose self-attention runs on MHLA "
-         "(token-level multi-head linear attention). Models: {models}. Limits: {limits}.")
+         "(token-level multi-head linear attention). Checkpoints served: {models}. "
+         "Limits on this server ({device}): {limits}.")
+COMPARE_NOTE = ("The same seed through each configuration; `{reference}` is the reference (always run first). "
+                "Quality columns are reference-free: for clips, whether the asked digit is shown (`digit`) and moves "
+                "the asked way (`direction`); for images, the digit classifier's probability of the asked digit. "
+                "SSIM / PSNR *to the reference* only measure agreement with the sdpa sample, not quality: two good "
+                "samples can differ everywhere, and an empty frame shares the reference's dark background, so a "
+                "blank output is marked `blank` and gets no SSIM / PSNR.")
 
 
-def _common_controls(limits, steps: int = 8):
-    seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
-    steps = gr.Number(value=min(steps, limits.max_steps), precision=0, label=f"steps (1–{limits.max_steps})")
-    guidance = gr.Number(value=4.0, label=f"guidance (0–{limits.max_guidance:g}; ≤ 1 turns it off)")
+def _common_controls(app: MediagenApp, d: dict):
+    lim = app.limits
+    seed = RawNumber(value=0, precision=0, label=f"seed (0–{d['max_seed']})", elem_id="seed")
+    steps = RawNumber(value=min(lim.default_steps, lim.max_steps), precision=0, label=f"steps (1–{lim.max_steps})")
+    guidance = RawNumber(value=4.0, label=f"guidance (0–{lim.max_guidance:g}; ≤ 1 turns it off)")
     return seed, steps, guidance
+
+
+def _size_controls(d: dict, suffix: str = ""):
+    (lo_h, hi_h), (lo_w, hi_w) = d["side_range_h"], d["side_range_w"]
+    height = RawNumber(value=d["height"], precision=0,
+                       label=f"height ({lo_h}–{hi_h}, multiple of {d['stride_h']}{suffix})")
+    width = RawNumber(value=d["width"], precision=0,
+                      label=f"width ({lo_w}–{hi_w}, multiple of {d['stride_w']}{suffix})")
+    return height, width
+
+
+def _attention_radio(app: MediagenApp, d: dict, family: str):
+    offered = d["offered"][family]
+    value = "mhla" if "mhla" in offered else offered[0]
+    radio = RawRadio(offered, value=value, label="attention", info="only trained checkpoints are offered")
+    info = gr.Markdown(app.info(family, value))
+    return radio, info
 
 
 def _image_tab(app: MediagenApp, d: dict):
     lim = app.limits
     with gr.Row():
         with gr.Column():
-            mode = gr.Radio(list(IMAGE_MODES), value="class", label="condition on",
-                            info=f"class: the {d['image_side']}px class-conditional digit model; prompt: the text model, one frame")
-            class_label = gr.Number(value=3, precision=0, label=f"class (0–{d['num_classes'] - 1})")
-            prompt = gr.Textbox(value="the digit 7", label="prompt")
-            negative = gr.Textbox(value="", label="negative prompt")
-            attention = gr.Radio(list(ATTENTIONS), value="mhla", label="attention")
-            encoder = gr.Radio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)")
+            mode = RawRadio(list(IMAGE_MODES), value="class", label="condition on",
+                            info=f"class: the {d['image_side']}px class-conditional digit model; "
+                                 "prompt: the text-to-video model, one frame")
+            class_label = RawNumber(value=3, precision=0, label=f"class (0–{d['num_classes'] - 1})")
+            prompt = gr.Textbox(value="the digit 7", label="prompt", visible=False)
+            negative = gr.Textbox(value="", label="negative prompt", visible=False)
+            attention, info = _attention_radio(app, d, "image")
+            encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)",
+                               visible=False)
             with gr.Row():
-                batch = gr.Number(value=2, precision=0, label=f"batch (1–{lim.max_batch})")
-                height = gr.Number(value=d["height"], precision=0, label=f"height (≤ {lim.max_side}, prompt mode)")
-                width = gr.Number(value=d["width"], precision=0, label=f"width (≤ {lim.max_side}, prompt mode)")
-            seed, steps, guidance = _common_controls(lim)
+                batch = RawNumber(value=min(2, lim.max_batch), precision=0, label=f"batch (1–{lim.max_batch})")
+                height, width = _size_controls(d, ", prompt mode")
+            seed, steps, guidance = _common_controls(app, d)
             run = gr.Button("Generate image", variant="primary", elem_id="image-run")
         with gr.Column():
             gallery = gr.Gallery(label="images", columns=2, elem_id="image-gallery")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
+
+    def on_mode(mode_value, current):
+        family = "image" if mode_value == "class" else "video"
+        offered = d["offered"][family]
+        value = current if current in offered else ("mhla" if "mhla" in offered else offered[0])
+        prompt_mode = mode_value != "class"
+        return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
+                *(gr.update(visible=prompt_mode) for _ in range(5)))
+
+    mode.change(on_mode, [mode, attention], [attention, info, class_label, prompt, negative, encoder, height, width],
+                api_name=False)
+    attention.change(lambda m, a: app.info("image" if m == "class" else "video", a), [mode, attention], info,
+                     api_name=False)
     run.click(app.image, [mode, class_label, prompt, negative, attention, encoder, batch, seed, steps, guidance,
                           height, width], [gallery, downloads, timings], api_name="generate_image")
 
@@ -51,56 +95,68 @@ def _video_tab(app: MediagenApp, d: dict):
         with gr.Column():
             prompt = gr.Textbox(value="the digit 7 moves left", label="prompt")
             negative = gr.Textbox(value="", label="negative prompt")
-            attention = gr.Radio(list(ATTENTIONS), value="mhla", label="attention")
-            encoder = gr.Radio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
+            attention, info = _attention_radio(app, d, "video")
+            encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
             with gr.Row():
-                frames = gr.Number(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")
-                height = gr.Number(value=d["height"], precision=0, label=f"height (≤ {lim.max_side})")
-                width = gr.Number(value=d["width"], precision=0, label=f"width (≤ {lim.max_side})")
-                batch = gr.Number(value=1, precision=0, label=f"batch (1–{lim.max_batch})")
-            seed, steps, guidance = _common_controls(lim)
+                frames = RawNumber(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")
+                height, width = _size_controls(d)
+                batch = RawNumber(value=1, precision=0, label=f"batch (1–{lim.max_batch})")
+            seed, steps, guidance = _common_controls(app, d)
             run = gr.Button("Generate video", variant="primary", elem_id="video-run")
         with gr.Column():
             video = gr.Video(label="video", elem_id="video-output")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
+    attention.change(lambda a: app.info("video", a), attention, info, api_name=False)
     run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance],
               [video, downloads, timings], api_name="generate_video")
 
 
+def compare_choices(d: dict, task: str) -> list[str]:
+    family = "image" if task == "class-to-image" else "video"
+    return [config_label(a, e) for e in d["text_encoders"] for a in d["offered"][family]]
+
+
 def _compare_tab(app: MediagenApp, d: dict):
     lim = app.limits
-    choices = [config_label(a, e) for e in d["text_encoders"] for a in ATTENTIONS]
-    default = [config_label("mhla", REFERENCE[1]), config_label("hybrid", REFERENCE[1])]
-    gr.Markdown(f"The same seed through each configuration; `{config_label(*REFERENCE)}` is the reference "
-                "(always run). PSNR/SSIM measure agreement with it; images also get digit-classifier scores, "
-                "videos VBench-style scores (pixel features for consistency).")
+    choices = compare_choices(d, "text-to-video")
+    default = [c for c in choices if c.startswith("mhla")][:1]
+    gr.Markdown(COMPARE_NOTE.format(reference=config_label(*REFERENCE)))
     with gr.Row():
         with gr.Column():
-            task = gr.Radio(list(COMPARE_TASKS), value="text-to-video", label="task")
-            configs = gr.CheckboxGroup(choices, value=default, label=f"configurations (≤ {lim.max_configs} with the reference)",
-                                       elem_id="compare-configs")
+            task = RawRadio(list(COMPARE_TASKS), value="text-to-video", label="task")
+            configs = RawCheckboxGroup(choices, value=default, label=f"configurations (≤ {lim.max_configs} with the "
+                                       "reference; trained checkpoints only)", elem_id="compare-configs")
             prompt = gr.Textbox(value="the digit 7 moves left", label="prompt (text tasks)")
-            class_label = gr.Number(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})")
-            with gr.Row():
-                frames = gr.Number(value=d["frames"], precision=0, label=f"frames (video, ≤ {lim.max_frames})")
-                height = gr.Number(value=d["height"], precision=0, label=f"height (≤ {lim.max_side})")
-                width = gr.Number(value=d["width"], precision=0, label=f"width (≤ {lim.max_side})")
-            seed, steps, guidance = _common_controls(lim)
-            run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+            class_label = RawNumber(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})")
         with gr.Column():
-            gallery = gr.Gallery(label="outputs, side by side", columns=3, elem_id="compare-gallery")
-            table = gr.Dataframe(label="latency (ms) and quality", wrap=True)
-            downloads = gr.File(label="download", file_count="multiple")
-            details = gr.JSON(label="all numbers")
+            with gr.Row():
+                frames = RawNumber(value=d["frames"], precision=0, label=f"frames (video, 2–{lim.max_frames})")
+                height, width = _size_controls(d)
+            seed, steps, guidance = _common_controls(app, d)
+            run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+    # results span the page: the table has up to 11 short columns and needs the full width
+    gallery = gr.Gallery(label="outputs, side by side", columns=6, height="auto", elem_id="compare-gallery")
+    table = gr.Dataframe(label="quality (reference-free), latency (ms), agreement with the reference", wrap=False,
+                         elem_id="compare-table")
+    with gr.Row():
+        downloads = gr.File(label="download", file_count="multiple")
+        details = gr.JSON(label="all numbers")
+
+    def on_task(task_value, current):
+        new = compare_choices(d, task_value if task_value in COMPARE_TASKS else "text-to-video")
+        return gr.update(choices=new, value=[c for c in (current or []) if c in new])
+
+    task.change(on_task, [task, configs], configs, api_name=False)
     run.click(app.compare, [task, configs, prompt, class_label, seed, steps, guidance, frames, height, width],
               [gallery, downloads, table, details], api_name="compare")
 
 
 def _bench_tab(app: MediagenApp):
     gr.Markdown(f"Attention latency against sequence length: `recorded` reads `{app.results_path}`; "
-                "`fresh` times `mediagen bench`'s attention shapes on this server's device now.")
-    source = gr.Radio(list(BENCH_SOURCES), value="recorded", label="source")
+                "`fresh` times `mediagen bench`'s attention shapes on this server's device now: one warm-up pass, "
+                "then the median of three passes with their spread (min–max), since a shared CPU's timings vary.")
+    source = RawRadio(list(BENCH_SOURCES), value="recorded", label="source")
     run = gr.Button("Plot", variant="primary", elem_id="bench-run")
     plot = gr.Image(label="latency vs sequence length", type="filepath")
     table = gr.Markdown()
@@ -110,9 +166,9 @@ def _bench_tab(app: MediagenApp):
 
 def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> gr.Blocks:
     d = app.page_defaults()
-    models = f"{_describe(app.cache.models.image.base)} (images), {_describe(app.cache.models.video.base)} (text)"
     with gr.Blocks(title="mediagen", delete_cache=(3600, 6 * 3600)) as demo:
-        gr.Markdown(INTRO.format(models=models, limits=app.limits.describe()))
+        gr.Markdown(INTRO.format(models=describe_models(app.cache.models), device=app.cache.device.type,
+                                 limits=app.limits.describe()))
         with gr.Tabs():
             with gr.Tab("Image", id="image"):
                 _image_tab(app, d)
@@ -124,7 +180,3 @@ def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> g
                 _bench_tab(app)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     return demo
-
-
-def _describe(base) -> str:
-    return base if isinstance(base, str) else "custom preset"

@@ -5,10 +5,17 @@
     mediagen generate --model ckpt/ --task text-to-image --prompt "a seven" --out seven.png
 
 Prints the path of every file written.
+
+Shipped checkpoints are used as trained: with a shipped model (the default, or ``--model video-sdpa``),
+``--attention`` picks the shipped checkpoint of the same family trained with that attention, and an
+attention without one is refused (an untrained conversion of a trained model gives blank outputs).
+Presets and your own folders may be converted to any attention (``--attention``); a note on stderr
+says the result is untrained.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -17,6 +24,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
 ATTENTIONS = ("sdpa", "linear", "mhla", "wan-mhla-h")
 SCHEDULERS = ("flow-euler", "flow-unipc", "ddim", "dpm-solver")  # as in pipelines.schedulers
+SHIPPED_FAMILIES = ("image", "video")
+# convert name -> the attention part of a shipped folder name (<family>-<attention>)
+CHECKPOINT_LABELS = {"sdpa": "sdpa", "linear": "linear", "mhla": "mhla", "wan-mhla-h": "hybrid"}
 
 
 def _ints(text: str) -> list[int]:
@@ -44,8 +54,9 @@ def register(sub):
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--attention", choices=ATTENTIONS, default=None,
-                   help="convert the self-attention first (default: as saved; presets: sdpa); a model saved "
-                        "with this attention is used as saved")
+                   help="with a shipped model: use its family's checkpoint trained with this attention (refused "
+                        "when none is shipped); with a preset or folder: convert the self-attention first (default: "
+                        "as saved; presets: sdpa); a model saved with this attention is used as saved")
     p.add_argument("--blocks", default=None, help="MHLA blocks per grid axis, e.g. 4,4 or 3,5,8 (default: auto)")
     p.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: flow-euler (or as saved)")
     p.add_argument("--shift", type=float, default=3.0, help="flow-matching time shift")
@@ -70,6 +81,34 @@ def _default_model(task: str | None) -> str:
     shipped, preset = (DEFAULT_VIDEO_MODEL, "wan-mmnist") if task in ("text-to-video", "text-to-image") else \
         (DEFAULT_IMAGE_MODEL, "dit-mnist")
     return shipped if shipped_checkpoint(shipped) is not None else preset
+
+
+def _shipped_family(model: str) -> str | None:
+    """"video" for a shipped checkpoint name such as "video-mhla"; None for presets and folders."""
+    from .shipping import shipped_checkpoint
+
+    family = model.split("-", 1)[0]
+    return family if family in SHIPPED_FAMILIES and shipped_checkpoint(model) is not None else None
+
+
+def _trained_attentions(family: str) -> list[str]:
+    """Convert names of the attentions with a shipped ``<family>-<attention>`` checkpoint."""
+    from .shipping import shipped_checkpoint
+
+    return [a for a, label in CHECKPOINT_LABELS.items() if shipped_checkpoint(f"{family}-{label}") is not None]
+
+
+def _shipped_with(model: str, attention: str) -> str:
+    """The shipped checkpoint of ``model``'s family trained with ``attention``; refused when none is."""
+    from .shipping import checkpoints_dir
+
+    family = model.split("-", 1)[0]
+    trained = _trained_attentions(family)
+    if attention not in trained:
+        raise ValueError(f"--attention {attention} is not allowed with the shipped {family} models: trained "
+                         f"checkpoints exist for {', '.join(trained)} ({checkpoints_dir()}/{family}-<attention>/); "
+                         f"an untrained conversion is not offered (convert a preset or your own --model folder)")
+    return f"{family}-{CHECKPOINT_LABELS[attention]}"
 
 
 def _converted_as(transformer, attention: str) -> bool:
@@ -105,6 +144,11 @@ def run(args) -> int:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if args.model is None:
         args.model = _default_model(args.task)
+    if _shipped_family(args.model) and args.attention is not None:
+        if args.blocks:
+            raise ValueError(f"--blocks {args.blocks!r} is not allowed with a shipped checkpoint ({args.model}): it "
+                             f"runs with its trained blocks (fitted to smaller grids); --blocks is for conversions")
+        args.model, args.attention = _shipped_with(args.model, args.attention), None
     pipe = build_pipeline(args.model, task=args.task, scheduler=args.scheduler, shift=args.shift, seed=args.seed,
                           device=device, dtype=dtype)
     task = args.task or task_of(pipe.transformer)
@@ -124,10 +168,17 @@ def run(args) -> int:
     if args.attention is not None and not args.blocks and _converted_as(pipe.transformer, args.attention):
         args.attention = None  # already so: converting again would replace its trained Mc and options
     if args.attention is not None:
+        from ..models.convert import attention_spec_of
+
         grid = token_grid(pipe, height, width, frames)
         blocks = _ints(args.blocks) if args.blocks else None
-        convert(pipe, args.attention, blocks=blocks, grid=grid)
+        # a model saved with another attention is replaced on purpose here: --attention asked for it
+        again = {"reinit": True} if attention_spec_of(pipe.transformer) is not None else {}
+        convert(pipe, args.attention, blocks=blocks, grid=grid, **again)
         pipe.to(device)
+        if args.attention != "sdpa" or again:
+            print(f"note: {args.model} runs with {args.attention} attention converted without training: its "
+                  f"outputs are untrained", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     common = dict(num_inference_steps=args.steps, guidance_scale=args.guidance, height=height, width=width,
                   generator=generator, output_type="np")
