@@ -3,8 +3,10 @@
 Gradio checks some inputs itself before a handler runs: a Number with ``precision=0`` rounds 2.5
 to 2 without a word and answers "abc" with a conversion error, and a Radio or CheckboxGroup
 answers an unknown value with "Value: ... is not in the list of choices", naming no field. These
-subclasses skip those checks, so every value reaches the handler, whose one-line error names the
-field, the value and what is allowed. They render as the stock components (same front-end).
+builders return the stock components (same front-end) whose ``preprocess`` passes the value
+through, so every value reaches the handler, whose one-line error names the field, the value and
+what is allowed. (Stock components with the method replaced on the instance, not subclasses:
+Gradio writes a type-stub file next to the module of every component subclass.)
 """
 
 from __future__ import annotations
@@ -12,31 +14,21 @@ from __future__ import annotations
 import gradio as gr
 
 
-class RawNumber(gr.Number):
+def _raw(component):
+    component.preprocess = lambda payload: payload
+    return component
+
+
+def RawNumber(*args, **kwargs) -> gr.Number:
     """A number field whose value reaches the handler as typed (bounded_int / bounded_float judge it)."""
-
-    def get_block_name(self) -> str:
-        return "number"
-
-    def preprocess(self, payload):
-        return payload
+    return _raw(gr.Number(*args, **kwargs))
 
 
-class RawRadio(gr.Radio):
+def RawRadio(*args, **kwargs) -> gr.Radio:
     """A radio group whose value reaches the handler as given (the handler checks it is offered)."""
-
-    def get_block_name(self) -> str:
-        return "radio"
-
-    def preprocess(self, payload):
-        return payload
+    return _raw(gr.Radio(*args, **kwargs))
 
 
-class RawCheckboxGroup(gr.CheckboxGroup):
+def RawCheckboxGroup(*args, **kwargs) -> gr.CheckboxGroup:
     """A checkbox group whose values reach the handler as given (the handler checks each one)."""
-
-    def get_block_name(self) -> str:
-        return "checkboxgroup"
-
-    def preprocess(self, payload):
-        return payload
+    return _raw(gr.CheckboxGroup(*args, **kwargs))
