@@ -1,31 +1,39 @@
-"""Semantic scores of Moving-MNIST videos against their prompts: digit identity, motion direction, count.
+"""Semantic scores of Moving-MNIST videos against their prompts: is the asked digit shown, does it
+move the asked way.
 
 Prompts name digits and directions in plain words, for example "the digit 7 moving left",
-"digits 3 and 5 moving up", "two digits 1 and 4 moving right", "a seven moving down", or the
-training captions "the digit 3 moves left while the digit 8 moves down". A direction word applies
-to the digits named since the previous direction word (digits after the last one take the last
-one). A prompt is a Moving-MNIST prompt when it names at least one digit; direction and count are
-scored only when the prompt states them (the count is a number word before "digit(s)", else the
-number of digits listed).
+"digits 3 and 5 moving up", "a seven moving down", or the training captions "the digit 3 moves left
+while the digit 8 moves down". A direction word applies to the digits named since the previous
+direction word (digits after the last one take the last one). A prompt is a Moving-MNIST prompt
+when it names at least one digit.
 
-Per frame, ink is found by thresholding the grey frame (light ink on a dark background; a light
-background is inverted) and split into connected components; tiny specks are dropped.
-- tracks: component centroids are linked frame to frame by nearest neighbour; every crop is scaled
-  to fit 20x20 and centred on its centre of mass in a 28x28 canvas (the MNIST recipe) and classified
-  by the shipped digit classifier; a track takes the majority label of its crops.
-- identity: the fraction of the prompt's digits (as a multiset) found among the labels of tracks
-  that last at least a quarter of the video (and 2 frames). Tracks, not single frames, so that
-  frames where digits overlap and merge do not count against a video.
-- direction: a track's mean step gives its direction (image y points
-  down, so "up" is negative y). Each digit the prompt gives a direction is matched to an unused
-  track with its label (the longest), or to the only track when prompt and video hold one digit
-  each; the video scores the fraction of those digits that move as asked.
-- count: the largest number of components seen in at least two frames (one for 1-2 frame videos)
-  equals the prompt's count; merged (overlapping) digits undercount only while they overlap.
-Measured on the project's own Moving-MNIST clips (``mediagen.training.data.moving_mnist``, 64x64,
-16 frames, 30 clips each) with their captions: identity 0.97 / 0.85 / 0.68, direction
-0.97 / 0.78 / 0.60 and count 0.97 / 0.83 / 0.47 for 1 / 2 / 3 digits; digits overlap often at
-that size, so compare models on equal footing rather than reading these as absolute accuracy.
+The scorer (``score_clip`` / ``score_clips``) is built to survive generated clips, whose ink is
+fuzzy, blocky and broken into specks, on any value range:
+- Frames become grey floats in [0, 255] (uint8 as is; floats in [0, 1] or [-1, 1] are rescaled); a
+  light background is inverted. Per frame the background level (the median, since a digit covers
+  a small part of the frame) is subtracted and ink is what lies above max(48, 0.3 x the frame's
+  brightest ink): faint haze never counts, dim generated digits still do. A frame with fewer ink
+  pixels than 0.25% of its area shows no digit.
+- Ink is never split into connected components, so a digit broken into specks stays one digit.
+  With k digits asked, the frame's ink pixels are clustered into k groups by brightness-weighted
+  k-means (k = 1: all ink); each group's centroid is then re-centred on a digit-sized window
+  around it (mean shift), so stray specks far from the digit do not pull it.
+- Classification: a digit-sized box around each centroid (the generator's digit side,
+  min(28, 7/16 of the frame), resized to 28x28, brightest pixel scaled to 255) is the MNIST layout
+  the shipped classifier was trained on; every frame votes, and a digit is shown when the asked
+  digit wins the vote (ties go to the larger summed probability).
+- Motion: groups are linked frame to frame by the assignment that moves them least. A digit moves
+  the asked way when the least-squares slope of its centroid along the asked axis has the asked
+  sign (image y points down, so "up" is negative y), its displacement over the clip is at least
+  10% of the frame along that axis, and the other axis moves less. At least half the frames must
+  show ink. Direction is judged whatever the digit was read as.
+- Digits are matched to groups by the assignment that shows the most asked digits, then moves the
+  most of them as asked.
+
+Calibration (``calibration_rows``) scores real clips of the data generator with their captions,
+the same clips frozen on their first frame, uniform noise and blank clips: a usable measure passes
+real clips (>= 95% digit and direction), fails static ones on direction (<= 5%), and leaves noise
+near chance on digit and low on direction.
 """
 
 from __future__ import annotations
@@ -83,151 +91,452 @@ def parse_prompt(prompt: str) -> DigitPrompt | None:
     return DigitPrompt(digits, directions, count if count is not None else len(digits))
 
 
-def ink_components(frame: np.ndarray, min_area: int | None = None):
-    """Connected ink components of one frame: list of (mask crop uint8, bbox (x, y, w, h), centroid (x, y))."""
+# Scorer constants; each is a rule of the measure, calibrated by ``calibration_rows``.
+INK_MIN = 48.0            # ink must stand at least this far above the frame's background (of 255)
+INK_FRACTION = 0.3        # ... and at least this fraction of the frame's brightest ink
+MIN_INK_AREA = 0.0025     # a frame with fewer ink pixels than this fraction of its area shows no digit
+MIN_TRAVEL = 0.1          # a moving digit travels at least this fraction of the frame along its axis
+MIN_SEEN = 0.5            # a digit's motion is judged only when it shows in at least this fraction of frames
+AXES = {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}  # (0 = x / 1 = y, sign)
+
+
+def as_grey_clip(video) -> np.ndarray:
+    """One clip as float32 (F, H, W) in [0, 255] with light ink on a dark background.
+
+    Accepts (F, H, W) or (F, H, W, C) arrays or a list of (H, W) / (H, W, C) frames; uint8 (or
+    other integer) values are read as 0..255, floats in [0, 1] as 0..1 and floats with negative
+    values in [-1, 1] as -1..1 (the models' output ranges). Colour is averaged to grey, and a clip
+    whose median is light is inverted (dark ink on a light background)."""
+    v = np.stack([np.asarray(f) for f in video]) if isinstance(video, (list, tuple)) else np.asarray(video)
+    if v.ndim == 4 and v.shape[-1] in (1, 3, 4):
+        v = v[..., :3].astype(np.float32).mean(axis=-1) if v.dtype != bool else v[..., 0]
+    if v.ndim != 3 or min(v.shape) < 1:
+        raise ValueError(f"video shape {tuple(v.shape)} is not allowed: use (frames, height, width) or "
+                         "(frames, height, width, channels) with 1, 3 or 4 channels")
+    if v.dtype == bool:
+        g = v.astype(np.float32) * 255.0
+    elif np.issubdtype(v.dtype, np.integer) or v.dtype == np.uint8:
+        lo, hi = int(v.min()), int(v.max())
+        if lo < 0 or hi > 255:
+            raise ValueError(f"video values {lo}..{hi} are not allowed for integer frames: use 0..255")
+        g = v.astype(np.float32)
+    else:
+        g = v.astype(np.float32)
+        if not np.isfinite(g).all():
+            raise ValueError("video values must be finite; got NaN or inf")
+        lo, hi = float(g.min()), float(g.max())
+        if lo >= -1.0 - 1e-3 and hi <= 1.0 + 1e-3:
+            g = (g + 1.0) * 127.5 if lo < 0 else g * 255.0
+        elif lo < 0 or hi > 255.0 + 1e-3:
+            raise ValueError(f"video values {lo:.3g}..{hi:.3g} are not allowed for float frames: use "
+                             "[0, 1], [-1, 1] or [0, 255]")
+        g = np.clip(g, 0.0, 255.0)
+    if np.median(g) > 127.5:
+        g = 255.0 - g
+    return g
+
+
+def digit_side(height: int, width: int) -> int:
+    """The side of a digit's box in a frame, as the data generator draws it: min(28, 7/16 of the frame)."""
+    return max(4, min(28, min(height, width) * 7 // 16))
+
+
+def ink_map(clip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ink (F, H, W) float32 above each frame's background, mask (F, H, W) of pixels counted as ink)."""
+    flat = clip.reshape(len(clip), -1)
+    ink = np.clip(clip - np.median(flat, axis=1)[:, None, None], 0.0, None)
+    peak = np.percentile(ink.reshape(len(clip), -1), 99.5, axis=1)
+    threshold = np.maximum(INK_MIN, INK_FRACTION * peak)
+    return ink, ink >= threshold[:, None, None]
+
+
+def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, iters: int = 12) -> np.ndarray:
+    """Labels (n,) of brightness-weighted k-means on (n, 2) points, seeded by bisection: the group with
+    the largest weighted spread is split at its mean along its principal axis until there are k."""
+    labels = np.zeros(len(points), np.int64)
+    for new in range(1, k):
+        spreads = []
+        for j in range(new):
+            p, w = points[labels == j], weights[labels == j]
+            spreads.append(((p - np.average(p, 0, w)) ** 2 * w[:, None]).sum() if len(p) > 1 else -1.0)
+        j = int(np.argmax(spreads))
+        sel = np.flatnonzero(labels == j)
+        p, w = points[sel], weights[sel]
+        centred = p - np.average(p, 0, w)
+        _, vecs = np.linalg.eigh((centred * w[:, None]).T @ centred)
+        labels[sel[centred @ vecs[:, -1] > 0]] = new
+    for _ in range(iters):
+        centres = np.stack([np.average(points[labels == j], 0, weights[labels == j]) if (labels == j).any()
+                            else points[0] for j in range(k)])
+        new_labels = ((points[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
+        if np.array_equal(new_labels, labels):
+            break
+        labels = new_labels
+    return labels
+
+
+def _recentre(points: np.ndarray, weights: np.ndarray, side: int, iters: int = 4):
+    """Brightness centroid (x, y) of the points, re-centred on a digit-sized window (mean shift), so
+    specks outside the digit's box do not pull it."""
+    c = np.average(points, 0, weights)
+    for _ in range(iters):
+        inside = (np.abs(points - c) <= side / 2 + 1).all(axis=1)
+        if not inside.any():
+            break
+        c_new = np.average(points[inside], 0, weights[inside])
+        if np.allclose(c_new, c):
+            break
+        c = c_new
+    return c
+
+
+def _crop28(ink: np.ndarray, centre, side: int) -> np.ndarray:
+    """A side x side box of ``ink`` (H, W) centred on ``centre`` (x, y), zero outside the frame,
+    resized to 28x28 with its brightest pixel scaled to 255 (float32)."""
     import cv2
 
-    grey = frame.mean(axis=-1) if frame.ndim == 3 else frame.astype(np.float64)
-    if np.median(grey) > 127:  # dark ink on a light background
-        grey = 255 - grey
-    grey = grey.astype(np.uint8)
-    binary = (grey > 100).astype(np.uint8)
-    min_area = min_area if min_area is not None else max(8, grey.size // 2000)
-    n, labels, stats, centroids = cv2.connectedComponentsWithStats(binary, connectivity=8)
-    comps = []
-    for j in range(1, n):
-        x, y, w, h, area = stats[j]
-        if area < min_area:
+    h, w = ink.shape
+    pad = np.zeros((h + 2 * side, w + 2 * side), np.float32)
+    pad[side:side + h, side:side + w] = ink
+    x0 = int(round(centre[0] - side / 2)) + side
+    y0 = int(round(centre[1] - side / 2)) + side
+    x0, y0 = min(max(x0, 0), w + side), min(max(y0, 0), h + side)
+    crop = pad[y0:y0 + side, x0:x0 + side]
+    if side != 28:
+        crop = cv2.resize(crop, (28, 28), interpolation=cv2.INTER_AREA if side > 28 else cv2.INTER_LINEAR)
+    top = crop.max()
+    return crop * (255.0 / top) if top > 0 else crop
+
+
+def digit_groups(clip: np.ndarray, k: int):
+    """Per frame, k ink groups (one per asked digit): (centroids (F, k, 2) in (x, y), NaN where a frame
+    shows no digit, crops (F, k, 28, 28) float32), groups linked frame to frame by the assignment
+    that moves them least."""
+    from itertools import permutations
+
+    frames, h, w = clip.shape
+    side = digit_side(h, w)
+    ink, mask = ink_map(clip)
+    centroids = np.full((frames, k, 2), np.nan)
+    crops = np.zeros((frames, k, 28, 28), np.float32)
+    last = None
+    for t in range(frames):
+        ys, xs = np.nonzero(mask[t])
+        if len(xs) < max(k, MIN_INK_AREA * h * w):
             continue
-        crop = np.where(labels[y:y + h, x:x + w] == j, grey[y:y + h, x:x + w], 0).astype(np.uint8)
-        comps.append((crop, (x, y, w, h), tuple(centroids[j])))
-    return comps
+        pts = np.stack([xs, ys], 1).astype(np.float64)
+        wts = ink[t, ys, xs].astype(np.float64)
+        labels = _kmeans(pts, wts, k) if k > 1 else np.zeros(len(pts), np.int64)
+        cents, boxes = [], []
+        for j in range(k):
+            sel = labels == j
+            if not sel.any():
+                cents.append(np.array([np.nan, np.nan]))
+                boxes.append(np.zeros((28, 28), np.float32))
+                continue
+            c = _recentre(pts[sel], wts[sel], side)
+            if k == 1:
+                only = ink[t] * mask[t]
+            else:  # this group's ink only, so the other digit does not show in its box
+                only = np.zeros((h, w), np.float32)
+                only[ys[sel], xs[sel]] = wts[sel]
+            cents.append(c)
+            boxes.append(_crop28(only, c, side))
+        cents = np.stack(cents)
+        order = list(range(k))
+        if last is not None and k > 1:
+            def cost(perm):
+                d = [np.linalg.norm(cents[perm[j]] - last[j]) for j in range(k)]
+                return sum(x for x in d if np.isfinite(x))
+            order = list(min(permutations(range(k)), key=cost))
+        centroids[t] = cents[order]
+        crops[t] = np.stack([boxes[j] for j in order])
+        last = np.where(np.isfinite(centroids[t]), centroids[t], last if last is not None else centroids[t])
+    return centroids, crops
 
 
-def to_mnist_canvas(crop: np.ndarray) -> np.ndarray:
-    """A digit crop scaled to fit 20x20 and centred by centre of mass in 28x28 (uint8)."""
+def motion(centroids: np.ndarray, height: int, width: int) -> dict | None:
+    """Least-squares motion of one track of centroids (F, 2): total displacement (dx, dy) over the
+    clip; None when it shows in fewer than half the frames (and 2)."""
+    frames = len(centroids)
+    seen = np.flatnonzero(np.isfinite(centroids).all(axis=1))
+    if len(seen) < max(2, MIN_SEEN * frames):
+        return None
+    t = seen.astype(np.float64)
+    slopes = np.polyfit(t, centroids[seen], 1)[0]  # px per frame, (x, y)
+    return {"dx": float(slopes[0] * (frames - 1)), "dy": float(slopes[1] * (frames - 1))}
+
+
+def moves_as_asked(move: dict | None, want: str, height: int, width: int) -> bool:
+    """The track's displacement along the asked axis has the asked sign, covers MIN_TRAVEL of the frame,
+    and beats the displacement along the other axis."""
+    if move is None:
+        return False
+    axis, sign = AXES[want]
+    along, across = (move["dx"], move["dy"]) if axis == 0 else (move["dy"], move["dx"])
+    extent = width if axis == 0 else height
+    return along * sign >= MIN_TRAVEL * extent and abs(across) < abs(along)
+
+
+def direction_of(move: dict | None, height: int, width: int) -> str | None:
+    """'left', 'right', 'up' or 'down' of a track's displacement, or None when it moves too little."""
+    for want in AXES:
+        if moves_as_asked(move, want, height, width):
+            return want
+    return None
+
+
+def _frame_probs(crops: np.ndarray, device="cpu", batch_size: int = 1024) -> np.ndarray:
+    """Classifier probabilities (N, 10) of 28x28 float crops in [0, 255]."""
+    import torch
+
+    from .digit_classifier import load_digit_classifier
+
+    if len(crops) == 0:
+        return np.zeros((0, 10), np.float32)
+    model = load_digit_classifier(device)
+    x = torch.from_numpy(np.ascontiguousarray(crops, dtype=np.float32) / 255.0)[:, None]
+    with torch.no_grad():
+        out = [model(x[i:i + batch_size].to(device)).softmax(-1).cpu() for i in range(0, len(x), batch_size)]
+    return torch.cat(out).numpy()
+
+
+def _vote(probs: np.ndarray) -> tuple[int | None, list[int]]:
+    """(winning digit, votes per digit) of per-frame probabilities (n, 10): the most frames' top label,
+    ties broken by summed probability; None when no frame shows a digit."""
+    if len(probs) == 0:
+        return None, [0] * 10
+    votes = np.bincount(probs.argmax(1), minlength=10)
+    return int(np.lexsort((probs.sum(0), votes))[-1]), votes.tolist()
+
+
+def _analyse(clip: np.ndarray, k: int) -> dict:
+    """Groups of one grey clip for k digits, before classification."""
+    centroids, crops = digit_groups(clip, k)
+    seen = np.isfinite(centroids).all(axis=2)  # (F, k)
+    return {"centroids": centroids, "crops": crops, "seen": seen}
+
+
+def _judge(parsed: DigitPrompt, part: dict, probs: np.ndarray, height: int, width: int) -> dict:
+    """The per-clip verdict from the groups of ``_analyse`` and their crops' probabilities (F, k, 10)."""
+    from itertools import permutations
+
+    k = len(parsed.digits)
+    tracks = []
+    for j in range(k):
+        seen = part["seen"][:, j]
+        label, votes = _vote(probs[seen, j])
+        tracks.append({"read": label, "votes": votes,
+                       "move": motion(part["centroids"][:, j], height, width)})
+    asked = list(zip(parsed.digits, parsed.directions))
+
+    def fit(perm):
+        shown = [tracks[perm[i]]["read"] == d for i, (d, _) in enumerate(asked)]
+        moved = [m is None or moves_as_asked(tracks[perm[i]]["move"], m, height, width)
+                 for i, (_, m) in enumerate(asked)]
+        votes = sum(tracks[perm[i]]["votes"][d] for i, (d, _) in enumerate(asked))
+        return sum(shown), sum(moved), votes, shown, moved
+
+    best = max(permutations(range(k)), key=lambda p: fit(p)[:3])
+    _, _, _, shown, moved = fit(best)
+    with_direction = [i for i, (_, m) in enumerate(asked) if m is not None]
+    digit_ok = all(shown)
+    direction_ok = all(moved[i] for i in with_direction) if with_direction else None
+    return {
+        "digit_ok": bool(digit_ok),
+        "direction_ok": None if direction_ok is None else bool(direction_ok),
+        "both_ok": bool(digit_ok and direction_ok is not False),
+        "digit_hits": sum(shown) / k,
+        "direction_hits": (sum(moved[i] for i in with_direction) / len(with_direction)) if with_direction else None,
+        "read": [tracks[best[i]]["read"] for i in range(k)],
+        "moved": [direction_of(tracks[best[i]]["move"], height, width) for i in range(k)],
+        "frames_with_ink": int(part["seen"].any(axis=1).sum()),
+    }
+
+
+def _parsed(prompt) -> DigitPrompt:
+    parsed = prompt if isinstance(prompt, DigitPrompt) else parse_prompt(str(prompt))
+    if parsed is None:
+        raise ValueError(f"prompt {prompt!r} is not allowed: a Moving-MNIST prompt names a digit, "
+                         "e.g. 'the digit 3 moves left'")
+    return parsed
+
+
+def score_clips(videos, prompts, device="cpu") -> list[dict]:
+    """Semantic verdicts of clips against their prompts, one dict per clip.
+
+    ``videos``: an array (N, F, H, W) or (N, F, H, W, C), or a list of clips (each an array or a list
+    of frames), light ink on a dark background (see ``as_grey_clip`` for value ranges). ``prompts``:
+    one string (or ``DigitPrompt``) per clip. Each dict holds ``digit_ok`` (every asked digit is
+    shown), ``direction_ok`` (every asked digit moves the asked way; None when the prompt asks no
+    direction), ``both_ok``, the fractions ``digit_hits`` / ``direction_hits``, and what was seen:
+    ``read`` (the digit each group was read as), ``moved`` (each group's direction or None) and
+    ``frames_with_ink``. All frames of all clips go through the classifier in large batches."""
+    videos = list(videos)
+    prompts = list(prompts)
+    if len(videos) != len(prompts):
+        raise ValueError(f"prompts has {len(prompts)} entries for {len(videos)} videos: give one prompt per video")
+    parsed = [_parsed(p) for p in prompts]
+    clips = [as_grey_clip(v) for v in videos]
+    parts = [_analyse(c, len(p.digits)) for c, p in zip(clips, parsed)]
+    # only frames that show ink are classified: a frame without ink casts no vote
+    flat = [p["crops"][p["seen"]] for p in parts]
+    probs = _frame_probs(np.concatenate(flat) if flat else np.zeros((0, 28, 28), np.float32), device)
+    out, at = [], 0
+    for clip, p, part, crops in zip(clips, parsed, parts, flat):
+        clip_probs = np.zeros(part["seen"].shape + (10,), np.float32)
+        clip_probs[part["seen"]] = probs[at:at + len(crops)]
+        at += len(crops)
+        out.append(_judge(p, part, clip_probs, clip.shape[1], clip.shape[2]))
+    return out
+
+
+def score_clip(video, prompt, device="cpu") -> dict:
+    """``score_clips`` of one clip (F, H, W), (F, H, W, C) or a list of frames."""
+    return score_clips([video], [prompt], device)[0]
+
+
+def semantic_rates(verdicts: list[dict]) -> dict:
+    """Rates of a list of ``score_clips`` verdicts: digit, direction (over clips whose prompt asks one),
+    both, and the number of clips."""
+    n = len(verdicts)
+    judged = [v["direction_ok"] for v in verdicts if v["direction_ok"] is not None]
+    return {"clips": n,
+            "digit": float(np.mean([v["digit_ok"] for v in verdicts])) if n else None,
+            "direction": float(np.mean(judged)) if judged else None,
+            "both": float(np.mean([v["both_ok"] for v in verdicts])) if n else None}
+
+
+def digit_count(video) -> int:
+    """How many digits the clip shows: per frame, the ink pixels within two pixels of each other are
+    joined (so specks of one fuzzy digit stay one) and pieces holding at least 15% of the frame's ink
+    count; the median over frames that show ink (0 when none does)."""
     import cv2
 
-    h, w = crop.shape
-    s = 20.0 / max(h, w)
-    nh, nw = max(1, round(h * s)), max(1, round(w * s))
-    small = cv2.resize(crop, (nw, nh), interpolation=cv2.INTER_AREA)
-    canvas = np.zeros((28, 28), np.float32)
-    mass = small.astype(np.float64)
-    total = mass.sum()
-    cy = (mass.sum(1) @ np.arange(nh)) / total if total else nh / 2
-    cx = (mass.sum(0) @ np.arange(nw)) / total if total else nw / 2
-    top, left = int(round(14 - cy)), int(round(14 - cx))
-    top, left = min(max(top, 0), 28 - nh), min(max(left, 0), 28 - nw)
-    canvas[top:top + nh, left:left + nw] = small
-    return canvas.astype(np.uint8)
+    clip = as_grey_clip(video)
+    ink, mask = ink_map(clip)
+    h, w = clip.shape[1:]
+    counts = []
+    kernel = np.ones((5, 5), np.uint8)
+    for t in range(len(clip)):
+        if mask[t].sum() < MIN_INK_AREA * h * w:
+            continue
+        joined = cv2.dilate(mask[t].astype(np.uint8), kernel)
+        n, labels = cv2.connectedComponents(joined, connectivity=8)
+        mass = np.bincount(labels[mask[t]], weights=ink[t][mask[t]], minlength=n)[1:]
+        counts.append(int((mass >= 0.15 * mass.sum()).sum()))
+    return int(round(float(np.median(counts)))) if counts else 0
 
 
-def identity_from_tracks(tracks, digits: list[int], num_frames: int) -> float:
-    long_enough = max(2, num_frames / 4) if num_frames > 1 else 1
-    got = Counter(t["label"] for t in tracks if len(t["centroids"]) >= long_enough)
-    return sum((Counter(digits) & got).values()) / len(digits)
+def motion_direction(video) -> str | None:
+    """'left', 'right', 'up' or 'down' of all ink together (one group), or None when it moves less than
+    MIN_TRAVEL of the frame or shows in too few frames."""
+    clip = as_grey_clip(video)
+    centroids, _ = digit_groups(clip, 1)
+    return direction_of(motion(centroids[:, 0], *clip.shape[1:]), *clip.shape[1:])
 
 
-def digit_identity(video: np.ndarray, digits: list[int], device="cpu") -> float:
-    return identity_from_tracks(track_components(video, labels=True, device=device), digits, len(video))
-
-
-def _direction_of(vel, min_speed: float) -> str | None:
-    if vel is None or np.hypot(*vel) < min_speed:
-        return None
-    dx, dy = vel
-    if abs(dx) >= abs(dy):
-        return "right" if dx > 0 else "left"
-    return "down" if dy > 0 else "up"
-
-
-def track_components(video: np.ndarray, max_jump: float | None = None, labels: bool = False, device="cpu"):
-    """Tracks of ink components: list of dicts with "centroids" (list of (x, y)) and, when
-    ``labels``, "label" (majority vote of the classifier over the track's crops)."""
-    max_jump = max_jump if max_jump is not None else 0.25 * max(video.shape[1:3])
-    per_frame = [ink_components(f) for f in video]
-    preds = []
-    if labels:
-        from .digit_classifier import classify_digits
-
-        crops = [to_mnist_canvas(c[0]) for frame in per_frame for c in frame]
-        preds = classify_digits(np.stack(crops), device).tolist() if crops else []
-    tracks, k = [], 0
-    for frame in per_frame:
-        open_tracks = [t for t in tracks if t["alive"]]
-        used = set()
-        for comp in frame:
-            c = np.array(comp[2])
-            best, best_d = None, max_jump
-            for j, t in enumerate(open_tracks):
-                d = np.linalg.norm(c - t["centroids"][-1])
-                if j not in used and d <= best_d:
-                    best, best_d = j, d
-            if best is None:
-                t = {"centroids": [], "labels": [], "alive": True}
-                tracks.append(t)
-            else:
-                used.add(best)
-                t = open_tracks[best]
-            t["centroids"].append(c)
-            if labels:
-                t["labels"].append(preds[k])
-            k += 1
-        for j, t in enumerate(open_tracks):
-            if j not in used:
-                t["alive"] = False  # a track ends when its component is not seen in a frame
-    for t in tracks:
-        cs = np.array(t["centroids"])
-        t["velocity"] = (cs[1:] - cs[:-1]).mean(axis=0) if len(cs) > 1 else None
-        if labels:
-            t["label"] = Counter(t["labels"]).most_common(1)[0][0]
-    return tracks
-
-
-def track_velocity(video: np.ndarray) -> np.ndarray | None:
-    """Mean per-frame displacement (dx, dy) over all component tracks (steps weighted equally)."""
-    steps = [s for t in track_components(video) for s in np.diff(np.array(t["centroids"]), axis=0)]
-    return np.mean(steps, axis=0) if steps else None
-
-
-def motion_direction(video: np.ndarray, min_speed: float = 0.25) -> str | None:
-    """'left', 'right', 'up', 'down' of all ink together, or None when nothing moves (< min_speed px/frame)."""
-    return _direction_of(track_velocity(video), min_speed)
-
-
-def direction_score(tracks, prompt: DigitPrompt, num_frames: int, min_speed: float = 0.25) -> float | None:
-    """Fraction of the prompt's digits with a direction whose track moves that way (None: no directions)."""
-    asked = [(d, m) for d, m in zip(prompt.digits, prompt.directions) if m is not None]
-    if not asked:
-        return None
-    tracks = sorted((t for t in tracks if t["velocity"] is not None), key=lambda t: -len(t["centroids"]))
-    long_tracks = [t for t in tracks if len(t["centroids"]) >= num_frames / 2]
-    hits, used = 0, set()
-    for digit, want in asked:
-        match = next((i for i, t in enumerate(tracks) if i not in used and t["label"] == digit), None)
-        if match is None and len(prompt.digits) == 1 and len(long_tracks) == 1:
-            match = tracks.index(long_tracks[0])
-        if match is not None:
-            used.add(match)
-            hits += _direction_of(tracks[match]["velocity"], min_speed) == want
-    return hits / len(asked)
-
-
-def digit_count(video: np.ndarray) -> int:
-    """The largest component count seen in at least two frames (one frame for videos of 1-2 frames)."""
-    seen = Counter(len(ink_components(f)) for f in video)
-    need = 2 if len(video) > 2 else 1
-    return max((n for n, times in seen.items() if times >= need), default=0)
-
-
-def semantic_scores(video: np.ndarray, prompt: DigitPrompt, device="cpu") -> dict[str, float]:
-    """Per-video scores in [0, 1]: digit_identity, and motion_direction / digit_count when asked for."""
-    tracks = track_components(video, labels=True, device=device)
-    out = {"digit_identity": identity_from_tracks(tracks, prompt.digits, len(video))}
-    direction = direction_score(tracks, prompt, len(video))
-    if direction is not None:
-        out["motion_direction"] = direction
-    if prompt.count is not None:
-        out["digit_count"] = float(digit_count(video) == prompt.count)
+def semantic_dimensions(video, prompt, verdict: dict) -> dict[str, float]:
+    """The VBench-style semantic dimensions in [0, 1] of a clip's ``score_clip`` verdict:
+    digit_identity (fraction of asked digits shown), motion_direction (fraction moving as asked;
+    only when the prompt asks a direction) and digit_count (1.0 when the clip shows as many digits
+    as the prompt counts)."""
+    parsed = _parsed(prompt)
+    out = {"digit_identity": float(verdict["digit_hits"])}
+    if verdict["direction_hits"] is not None:
+        out["motion_direction"] = float(verdict["direction_hits"])
+    if parsed.count is not None:
+        out["digit_count"] = float(digit_count(video) == parsed.count)
     return out
+
+
+def semantic_scores(video, prompt, device="cpu") -> dict[str, float]:
+    """``semantic_dimensions`` of one clip against its prompt (a string or ``DigitPrompt``)."""
+    parsed = _parsed(prompt)
+    return semantic_dimensions(video, parsed, score_clip(video, parsed, device))
+
+
+def real_clips(n_per_cell: int = 3, seed: int = 0, num_digits: int = 1, resolution: int = 64,
+               num_frames: int = 16, split: str = "held_out") -> tuple[np.ndarray, list[str]]:
+    """(uint8 clips (N, F, R, R), captions) from the training data generator on ``split``'s digits.
+
+    One digit: ``n_per_cell`` clips for each of the 10 digits x 4 directions (the generator's first
+    clips of ``seed`` that fall in each cell). More digits: its first 40 x ``n_per_cell`` clips."""
+    from ..training.data.moving_mnist import DIRECTIONS as GENERATOR_DIRECTIONS
+    from ..training.data.moving_mnist import MovingMNISTDataset, clip_caption
+
+    if n_per_cell < 1:
+        raise ValueError(f"n_per_cell={n_per_cell} is not allowed: use 1 or more")
+    wanted = 40 * n_per_cell
+    ds = MovingMNISTDataset(resolution=resolution, num_frames=num_frames, num_digits=num_digits,
+                            split=split, seed=seed, length=10 ** 9)
+    def what(i):  # (digits, directions) of clip i, from its plan when the generator exposes one
+        if hasattr(ds, "plan"):
+            ks, names = ds.plan(i)[:2]
+            return [int(ds.labels[k]) for k in ks], list(names)
+        return ds.clip(i)[1:]
+
+    cells, chosen = Counter(), []
+    for i in range(400 * wanted):
+        digits, directions = what(i)
+        if num_digits == 1:
+            cell = (digits[0], directions[0])
+            if cells[cell] >= n_per_cell:
+                continue
+            cells[cell] += 1
+        chosen.append((i, digits, directions))
+        if len(chosen) == wanted:
+            break
+    if len(chosen) < wanted:
+        raise RuntimeError(f"the data generator gave only {len(chosen)} of {wanted} clips for the calibration cells")
+    videos, captions = [], []
+    for start in range(0, wanted, 64):  # rendered in chunks: one pass per chunk when the generator batches
+        part = chosen[start:start + 64]
+        if hasattr(ds, "render"):
+            frames = ds.render([i for i, _, _ in part])[0].numpy()
+        else:
+            frames = np.stack([ds.clip(i)[0] for i, _, _ in part])
+        videos.extend(np.round(frames * 255.0).astype(np.uint8))
+        captions.extend(clip_caption(d, m) for _, d, m in part)
+    assert len(GENERATOR_DIRECTIONS) == 4, "calibration cells assume the generator's four directions"
+    return np.stack(videos), captions
+
+
+CALIBRATION_TARGETS = {
+    "real": "digit >= 0.95 and direction >= 0.95",
+    "static": "direction <= 0.05",
+    "noise": "digit <= 0.25 and direction <= 0.10",
+    "blank": "digit = direction = 0",
+}
+
+
+def _meets(row: str, rates: dict) -> bool | None:
+    d, m = rates["digit"], rates["direction"]
+    return {"real": d >= 0.95 and m >= 0.95, "static": m <= 0.05, "noise": d <= 0.25 and m <= 0.10,
+            "blank": d == 0 and m == 0}.get(row)
+
+
+def calibration_rows(n_per_cell: int = 3, seed: int = 0, device="cpu", two_digits: bool = True,
+                     resolution: int = 64, num_frames: int = 16) -> list[dict]:
+    """Rates of ``score_clips`` on clips whose answer is known, each with the real clips' captions:
+    ``real`` (the data generator, held-out digits, 10 digits x 4 directions x ``n_per_cell``),
+    ``static`` (each real clip frozen on its first frame), ``noise`` (uniform noise) and ``blank``
+    (all zero); with ``two_digits`` also ``real (two digits)`` (40 x ``n_per_cell`` two-digit clips;
+    reported, no target). Each row: row, clips, digit, direction, both, target, meets_target."""
+    videos, captions = real_clips(n_per_cell, seed, 1, resolution, num_frames)
+    rng = np.random.default_rng(seed)
+    sets = {
+        "real": videos,
+        "static": np.repeat(videos[:, :1], videos.shape[1], axis=1),
+        "noise": rng.integers(0, 256, videos.shape, dtype=np.uint8),
+        "blank": np.zeros_like(videos),
+    }
+    rows = []
+    for name, clips in sets.items():
+        rates = semantic_rates(score_clips(clips, captions, device))
+        rows.append({"row": name, **rates, "target": CALIBRATION_TARGETS[name], "meets_target": _meets(name, rates)})
+    if two_digits:
+        pairs, pair_captions = real_clips(n_per_cell, seed, 2, resolution, num_frames)
+        rates = semantic_rates(score_clips(pairs, pair_captions, device))
+        rows.append({"row": "real (two digits)", **rates, "target": None, "meets_target": None})
+    return rows

@@ -1,5 +1,6 @@
 """VBench-style evaluation of a set of videos with their prompts: per-video scores, then
-dimension means (consistency weighted per frame, as VBench) and the aggregate report."""
+dimension means (consistency weighted per frame, as VBench), the aggregate report, and the
+Moving-MNIST semantic rates (digit / direction / both) over the videos whose prompt names digits."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import vbench_quality as q
-from .moving_mnist import parse_prompt, semantic_scores
+from .moving_mnist import parse_prompt, score_clip, semantic_dimensions, semantic_rates
 from .vbench_score import aggregate
 
 QUALITY_MEASURED = ("subject_consistency", "background_consistency", "temporal_flickering",
                     "motion_smoothness", "dynamic_degree")
+VERDICT_KEYS = ("digit_ok", "direction_ok", "both_ok", "read", "moved")
 
 
 def score_video(video, prompt: str | None, subject_fx, background_fx, fps=None, device="cpu") -> dict:
-    """Scores of one uint8 video (T, H, W, 3); consistency as (sum, frames) pairs for pooling."""
+    """Scores of one uint8 video (T, H, W, 3); consistency as (sum, frames) pairs for pooling. A prompt
+    that names digits adds the semantic dimensions and the verdict (``VERDICT_KEYS``)."""
     from .fid import extract_features
 
     out = {}
@@ -27,12 +30,15 @@ def score_video(video, prompt: str | None, subject_fx, background_fx, fps=None, 
     out["dynamic_degree"] = float(q.dynamic_degree(video, fps))
     parsed = parse_prompt(prompt) if prompt else None
     if parsed is not None:
-        out.update(semantic_scores(video, parsed, device))
+        verdict = score_clip(video, parsed, device)
+        out.update(semantic_dimensions(video, parsed, verdict))
+        out.update({key: verdict[key] for key in VERDICT_KEYS})
     return out
 
 
 def evaluate_videos(videos, prompts, subject_fx, background_fx, fps=None, device="cpu", progress=True) -> dict:
-    """Score every video (a sequence of arrays) against its prompt (or None); returns the report."""
+    """Score every video (a sequence of arrays) against its prompt (or None); returns the report, with
+    ``semantic_rates`` (clips, digit, direction, both) when some prompt names digits."""
     per_video = []
     for video, prompt in tqdm(list(zip(videos, prompts)), desc="vbench", disable=not progress):
         per_video.append(score_video(np.asarray(video), prompt, subject_fx, background_fx, fps, device))
@@ -50,5 +56,8 @@ def evaluate_videos(videos, prompts, subject_fx, background_fx, fps=None, device
     for s in per_video:
         for dim in ("subject_consistency", "background_consistency"):
             s[dim] = s[dim][0] / s[dim][1]
+    verdicts = [s for s in per_video if "digit_ok" in s]
+    if verdicts:
+        report["semantic_rates"] = semantic_rates(verdicts)
     report["per_video"] = per_video
     return report

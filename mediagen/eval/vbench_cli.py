@@ -1,5 +1,10 @@
-"""``mediagen vbench``: VBench-style scores of generated videos (a folder, or sampled from a
-checkpoint, one video per prompt); prints a table and writes JSON (and the table as markdown)."""
+"""``mediagen vbench``: VBench-style scores of generated videos (a folder, an .npz of clips, or sampled
+from a checkpoint, one video per prompt); prints a table and writes JSON (and the table as markdown).
+
+The Moving-MNIST semantic verdicts (``digit_ok`` / ``direction_ok`` / ``both_ok`` per video) and their
+rates come with every video whose prompt names digits; ``--calibrate`` adds the scorer's calibration
+rows (real / static / noise / blank clips of the data generator) to the same table and JSON, so a
+model's rates are read against what the measure gives on clips whose answer is known."""
 
 from __future__ import annotations
 
@@ -10,22 +15,33 @@ from pathlib import Path
 
 import torch
 
+from .frame_features import DEFAULT_BACKGROUND_FEATURES, DEFAULT_SUBJECT_FEATURES
 from .json_report import write_json_report
 
 
 def register(sub):
     p = sub.add_parser("vbench", help="VBench-style quality and Moving-MNIST semantic scores of videos")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--videos", help="folder of videos (mp4, gif, webm, npy, ...)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--videos", help="folder of videos (mp4, gif, webm, npy, ...), or an .npz file with arrays "
+                                      "'videos' (uint8, N x F x H x W or N x F x H x W x C) and 'prompts' (strings)")
     src.add_argument("--checkpoint", help="a saved text-to-video pipeline folder (needs mediagen.pipelines)")
     p.add_argument("--prompts", default=None,
                    help="prompt file: one prompt per line, or JSON (a list, or {video file name: prompt}). "
                         "Videos named '<prompt>-<i>.mp4' (VBench's naming) are matched by name, others in "
-                        "sorted order. Required with --checkpoint")
-    p.add_argument("--subject-features", default="effnet-lite0",
-                   help="frame features for subject consistency: effnet-lite0, mnist, inception or pixels")
-    p.add_argument("--background-features", default="effnet-lite0",
-                   help="frame features for background consistency (same choices)")
+                        "sorted order. Required with --checkpoint; with an .npz it replaces the file's prompts")
+    p.add_argument("--subject-features", default=DEFAULT_SUBJECT_FEATURES,
+                   help="frame features for subject consistency: digit-crop (default: the digit classifier on "
+                        "a box around the ink), mnist, effnet-lite0, inception or pixels")
+    p.add_argument("--background-features", default=DEFAULT_BACKGROUND_FEATURES,
+                   help="frame features for background consistency (same choices; default effnet-lite0). "
+                        "Use different features for the two: the same ones count one score twice in Quality")
+    p.add_argument("--calibrate", action="store_true",
+                   help="also score the calibration clips (real / static / noise / blank from the Moving-MNIST "
+                        "data generator, plus real two-digit clips) and report their rates beside the videos'; "
+                        "alone, without --videos or --checkpoint, only the calibration runs")
+    p.add_argument("--calibrate-per-cell", type=int, default=3,
+                   help="calibration clips per digit x direction cell (default 3: 120 clips per row)")
+    p.add_argument("--calibrate-seed", type=int, default=0, help="data generator seed of the calibration clips")
     p.add_argument("--inception-weights", default=None, help="local path of inception-2015-12-05.pt")
     p.add_argument("--fps", type=float, default=None,
                    help="frame rate of the videos (dynamic degree subsamples to ~8 fps when known)")
@@ -85,17 +101,69 @@ def match_prompts(files, prompts):
                      "'<prompt>-<i>.<ext>', give as many prompts as videos, or a JSON {file name: prompt}")
 
 
+def read_npz_videos(path):
+    """(videos as uint8 RGB arrays, prompts or None) of an .npz holding 'videos' (N, F, H, W) or
+    (N, F, H, W, C) uint8 and optionally 'prompts' (N strings)."""
+    import numpy as np
+
+    from .video_io import as_rgb_video
+
+    with np.load(path, allow_pickle=False) as data:
+        if "videos" not in data:
+            raise ValueError(f"--videos {path}: the .npz must hold an array 'videos'; it holds {sorted(data.keys())}")
+        videos = data["videos"]
+        prompts = [str(p) for p in data["prompts"].reshape(-1)] if "prompts" in data else None
+    if videos.dtype != np.uint8 or videos.ndim not in (4, 5):
+        raise ValueError(f"--videos {path}: 'videos' must be uint8 (N, F, H, W) or (N, F, H, W, C); "
+                         f"got {videos.dtype} {tuple(videos.shape)}")
+    if prompts is not None and len(prompts) != len(videos):
+        raise ValueError(f"--videos {path}: 'prompts' has {len(prompts)} entries for {len(videos)} videos")
+    return [as_rgb_video(v) for v in videos], prompts
+
+
 def run(args) -> int:
+    from .vbench_score import report_tables
+
+    if not (args.videos or args.checkpoint or args.calibrate):
+        raise ValueError("mediagen vbench needs --videos DIR|FILE.npz, --checkpoint PATH or --calibrate")
+    if args.calibrate_per_cell < 1:
+        raise ValueError(f"--calibrate-per-cell={args.calibrate_per_cell} is not allowed: use 1 or more")
+    prompts = read_prompts(args.prompts) if args.prompts else None
+    report = {}
+    if args.videos or args.checkpoint:
+        report = score_videos(args, prompts)
+    if args.calibrate:
+        from .moving_mnist import calibration_rows
+
+        report["calibration"] = calibration_rows(args.calibrate_per_cell, args.calibrate_seed, args.device)
+    table = report_tables(report)
+    print(table)
+    if args.table:
+        Path(args.table).write_text(table + "\n")
+    if args.out:
+        write_json_report(args.out, report)
+    return 0
+
+
+def score_videos(args, prompts) -> dict:
+    """The report of the videos of --videos (folder or .npz) or sampled from --checkpoint."""
     from .frame_features import get_frame_extractor
     from .vbench import evaluate_videos
-    from .vbench_score import markdown_table
     from .video_io import list_videos, read_video
 
-    prompts = read_prompts(args.prompts) if args.prompts else None
     subject_fx = get_frame_extractor(args.subject_features, args.device, args.inception_weights)
     background_fx = (subject_fx if args.background_features == args.subject_features
                      else get_frame_extractor(args.background_features, args.device, args.inception_weights))
-    if args.videos:
+    if args.videos and Path(args.videos).is_file() and Path(args.videos).suffix.lower() == ".npz":
+        videos, npz_prompts = read_npz_videos(args.videos)
+        if prompts is not None:
+            npz_prompts = list(prompts.values()) if isinstance(prompts, dict) else list(prompts)
+        if npz_prompts is not None and len(npz_prompts) != len(videos):
+            raise ValueError(f"--prompts gives {len(npz_prompts)} prompts for the {len(videos)} videos of "
+                             f"{args.videos}: give one per video")
+        video_prompts = npz_prompts or [None] * len(videos)
+        names = [f"{Path(args.videos).name}[{i}]" for i in range(len(videos))]
+    elif args.videos:
         files = list_videos(args.videos)
         video_prompts = match_prompts(files, prompts)
         videos = [read_video(f) for f in files]
@@ -124,10 +192,4 @@ def run(args) -> int:
     for name, prompt, entry in zip(names, video_prompts, report["per_video"]):
         entry["video"], entry["prompt"] = name, prompt
     report["frame_features"] = {"subject": subject_fx.name, "background": background_fx.name}
-    table = markdown_table(report)
-    print(table)
-    if args.table:
-        Path(args.table).write_text(table + "\n")
-    if args.out:
-        write_json_report(args.out, report)
-    return 0
+    return report

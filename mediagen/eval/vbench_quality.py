@@ -4,8 +4,10 @@
   absolute pixel difference) / 255.
 - Subject / background consistency, VBench's formula on pluggable frame features f_i:
   mean over i >= 1 of [max(0, cos(f_i, f_{i-1})) + max(0, cos(f_i, f_0))] / 2. VBench uses DINO
-  (subject) and CLIP (background) features; here any extractor of ``mediagen.eval.features`` or
-  ``pixels`` serves, EfficientNet-Lite0 by default.
+  (subject) and CLIP (background) features; here any extractor of ``mediagen.eval.frame_features``
+  serves: by default the digit classifier on a box around the ink for the subject and
+  EfficientNet-Lite0 on the whole frame for the background (different features, so the two
+  dimensions are not one score counted twice).
 - Motion smoothness, stand-in for VBench's AMT frame interpolation: VBench drops the odd frames,
   re-creates them by interpolating their even neighbours, and scores (255 - MAE(real, interpolated))
   / 255. We interpolate with OpenCV's Farneback optical flow instead of AMT: with flow F from frame

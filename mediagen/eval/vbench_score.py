@@ -67,3 +67,36 @@ def markdown_table(report: dict) -> str:
         v = report[key]
         lines.append(f"| **{key.capitalize()}** | | {'—' if v is None else f'{v:.4f}'} |")
     return "\n".join(lines)
+
+
+def _rate(v) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def semantic_table(rows: list[dict]) -> str:
+    """Markdown table of semantic rates: one row per set of clips (dicts with row, clips, digit,
+    direction, both and optionally target / meets_target)."""
+    lines = ["| clips | n | digit | direction | both | target |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        target = r.get("target") or ""
+        if target and r.get("meets_target") is not None:
+            target += " (met)" if r["meets_target"] else " (NOT met)"
+        lines.append(f"| {r['row']} | {r['clips']} | {_rate(r['digit'])} | {_rate(r['direction'])} | "
+                     f"{_rate(r['both'])} | {target} |")
+    return "\n".join(lines)
+
+
+def report_tables(report: dict) -> str:
+    """The dimension table (when the report scored videos) and the semantic rates of the scored videos
+    beside the calibration rows (when present)."""
+    parts = []
+    if "raw" in report:
+        parts.append(markdown_table(report))
+    rows = []
+    if report.get("semantic_rates"):
+        rows.append({"row": "these videos", **report["semantic_rates"]})
+    rows += [{**r, "row": f"calibration: {r['row']}"} for r in report.get("calibration", [])]
+    if rows:
+        parts.append(semantic_table(rows))
+    return "\n\n".join(parts)
+
