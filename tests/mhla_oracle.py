@@ -1,4 +1,5 @@
-"""Dense O(N^2) MHLA oracle (DESIGN.md): A[t, s] = mix[i(t), i(s)] * phi(q_t).phi(k_s), row-normalised."""
+"""Dense O(N^2) MHLA oracle: A[t, s] = mix[i(t), i(s)] * phi(q_t).phi(k_s), row-normalised
+(docs/DESIGN.md#dense-form-the-test-oracle)."""
 
 import torch
 

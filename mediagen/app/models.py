@@ -6,7 +6,7 @@ laid out as
 
     image-<attention>/    a class-conditional pipeline or transformer trained with that attention
     video-<attention>/    a text-to-video pipeline or transformer (text-to-image = one frame)
-    text-mlra/, text-hla/ saved ``PromptEncoder`` folders      (attention: sdpa, mhla, linear, hybrid)
+    text-mlra/, text-hla/ saved ``PromptEncoder`` folders      (<attention>: a label of ``ATTENTIONS``)
 
 Only trained models are offered: an attention is on offer for a family exactly when its
 ``<family>-<attention>/`` checkpoint exists (an untrained conversion of the sdpa weights gives blank
@@ -44,10 +44,16 @@ from pathlib import Path
 
 import torch
 
+from ..pipelines.names import ATTENTION_CHOICES, CHECKPOINT_LABELS
 from ..pipelines.shipping import checkpoints_dir
 
-# app label -> mediagen.convert name
-ATTENTIONS = {"sdpa": "sdpa", "mhla": "mhla", "linear": "linear", "hybrid": "wan-mhla-h"}
+# The page lists the softmax baseline first, then MHLA, then the other attentions in the spec's order.
+# Only the order is chosen here: the names come from the spec and the labels from the shipped folders.
+_SHOWN_FIRST = ("sdpa", "mhla")
+# app label (the <attention> of a <family>-<attention>/ folder) -> mediagen.convert name
+ATTENTIONS = {CHECKPOINT_LABELS[name]: name
+              for name in sorted(ATTENTION_CHOICES,
+                                 key=lambda n: _SHOWN_FIRST.index(n) if n in _SHOWN_FIRST else len(_SHOWN_FIRST))}
 TEXT_ENCODERS = ("FlashAttention", "MLRA", "HLA")
 FAMILIES = ("image", "video")  # image: class-conditional DiT; video: Wan-style text-to-video
 

@@ -20,13 +20,11 @@ from pathlib import Path
 
 import torch
 
+from .names import ATTENTION_CHOICES, CHECKPOINT_LABELS, SCHEDULERS
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
-ATTENTIONS = ("sdpa", "linear", "mhla", "wan-mhla-h")
-SCHEDULERS = ("flow-euler", "flow-unipc", "ddim", "dpm-solver")  # as in pipelines.schedulers
 SHIPPED_FAMILIES = ("image", "video")
-# convert name -> the attention part of a shipped folder name (<family>-<attention>)
-CHECKPOINT_LABELS = {"sdpa": "sdpa", "linear": "linear", "mhla": "mhla", "wan-mhla-h": "hybrid"}
 
 
 def _ints(text: str) -> list[int]:
@@ -53,7 +51,7 @@ def register(sub):
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None)
-    p.add_argument("--attention", choices=ATTENTIONS, default=None,
+    p.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
                    help="with a shipped model: use its family's checkpoint trained with this attention (refused "
                         "when none is shipped); with a preset or folder: convert the self-attention first (default: "
                         "as saved; presets: sdpa); a model saved with this attention is used as saved")

@@ -6,7 +6,8 @@
     dpm-solver   DPM-Solver++ (2M) on the same schedule
 
 The flow schedulers expect a velocity-predicting model, DDIM/DPM-Solver a noise-predicting one;
-``FLOW_SCHEDULERS`` tells the two kinds apart.
+``FLOW_SCHEDULERS`` tells the two kinds apart. Both name tuples live in ``names.py``, which imports
+no diffusers, so command lines can offer them cheaply; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
                        UniPCMultistepScheduler)
 
-SCHEDULERS = ("flow-euler", "flow-unipc", "ddim", "dpm-solver")
-FLOW_SCHEDULERS = ("flow-euler", "flow-unipc")
+from .names import FLOW_SCHEDULERS, SCHEDULERS
+
+__all__ = ["SCHEDULERS", "FLOW_SCHEDULERS", "make_scheduler", "scheduler_name"]
+
 _DDPM = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear")
 
 

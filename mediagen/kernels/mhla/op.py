@@ -34,7 +34,7 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
          algorithm="auto", rope=None):
     """MHLA over a 1D/2D/3D token grid. q, k, v: (B, N, H, D); mix: (M, M) or (H, M, M).
 
-    Returns o (B, N, H, D) in q's dtype. See DESIGN.md for the math; accumulation is fp32.
+    Returns o (B, N, H, D) in q's dtype. Math: docs/DESIGN.md#mhla; accumulation is fp32.
     ``algorithm`` ("auto", "chunked", "dense") chooses the Triton forward: chunked writes per-block
     summaries and suits long sequences; dense recomputes them on chip and suits short ones.
     ``rope``: None or (cos, sin) angle tables (N, D/2) that rotate the numerator's features, the
