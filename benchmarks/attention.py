@@ -2,6 +2,10 @@
 every SDPA backend, forward and forward+backward, at DESIGN.md's shapes, in one run.
 
     python benchmarks/attention.py [--out benchmarks/attention-latest.md] [--shapes Wan,SANA] [--methods "mhla triton,cudnn"]
+        [--json mediagen/eval/recorded/attention_latency.json]
+
+"--json" records the rows in the latency file the package ships (the app's Benchmarks tab plots it):
+they replace the same shape and method of older runs there (mediagen.eval.bench_report).
 
 "fwd ms" is eager (Python launch overhead included); "CUDA graph" replays the captured forward, the
 kernels' own time. benchmarks/sweep_mhla.py tunes the kernels' launch settings.
@@ -16,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mediagen.eval.attention_bench import GPU_SHAPES, bench_attention, markdown_table  # noqa: E402
+from mediagen.eval.bench_report import record_attention_run  # noqa: E402
 
 
 def main():
@@ -24,6 +29,8 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--shapes", default="", help="comma list of substrings of shape names (default: all)")
     ap.add_argument("--methods", default="", help="comma list of substrings of method names (default: all)")
+    ap.add_argument("--json", default=None, help="record the rows in this latency file (the package's: "
+                    "mediagen/eval/recorded/attention_latency.json)")
     args = ap.parse_args()
     wanted = [w for w in args.shapes.split(",") if w]
     shapes = [s for s in GPU_SHAPES if not wanted or any(w in s.name for w in wanted)]
@@ -44,6 +51,13 @@ def main():
         if args.out:
             with open(args.out, "w") as fh:
                 fh.write(text + "\n")
+        if args.json:
+            import triton
+
+            record_attention_run(args.json, rows, command=f"python benchmarks/attention.py {' '.join(sys.argv[1:])}",
+                                 date=str(datetime.date.today()), dtype=args.dtype, copy_bandwidth_tb_s=bw / 1e12,
+                                 device=f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                                        f"triton {triton.__version__}")
 
 
 if __name__ == "__main__":

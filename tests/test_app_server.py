@@ -21,7 +21,8 @@ from mediagen.app.app_cli import launch  # noqa: E402
 from mediagen.app.handlers import MediagenApp  # noqa: E402
 from mediagen.app.limits import Limits  # noqa: E402
 from mediagen.app.models import ModelSet, ModelSource  # noqa: E402
-from mediagen.eval.attention_bench import Shape, markdown_table  # noqa: E402
+from mediagen.eval.attention_bench import Shape  # noqa: E402
+from mediagen.eval.bench_report import record_attention_run  # noqa: E402
 from mediagen.models.presets import preset  # noqa: E402
 
 LIMITS = Limits(max_side=32, max_frames=5, max_steps=4, max_batch=2, max_configs=4)
@@ -56,11 +57,11 @@ def tiny_models(root: Path) -> ModelSet:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("app")
-    results = root / "RESULTS.md"
-    rows = [{"shape": "s", "B": 1, "N": n, "heads": "2x8", "method": m, "fwd_ms": ms, "floor_ms": 0.001}
+    results = root / "attention_latency.json"
+    rows = [{"shape": "s", "B": 1, "N": n, "heads": "2x8", "method": m, "fwd_ms": ms, "fwd_graph_ms": ms / 2}
             for n, m, ms in [(256, "sdpa flash", 0.1), (1024, "sdpa flash", 0.9), (256, "mhla triton", 0.2),
                              (1024, "mhla triton", 0.3)]]
-    results.write_text("# Recorded\n\n" + markdown_table(rows) + "\n")
+    record_attention_run(results, rows, command="test", date="2026-01-01", device="test GPU", dtype="bf16")
     app = MediagenApp(tiny_models(root), LIMITS, device="cpu", output_dir=root / "out", results_path=results,
                       bench_shapes=TINY_BENCH)
     demo, url = launch(app, "127.0.0.1", None, concurrency=2, max_queue=16, block=False)
@@ -143,6 +144,9 @@ def test_benchmarks_recorded_and_fresh(served):
     _, _, client, _ = served
     plot, table, files = client.predict("recorded", api_name="/benchmarks")
     assert Image.open(plot).size[0] > 100 and "mhla triton" in table and "| 1024 |" in table
+    assert "| 2026-01-01 |" in table
+    plot, table, files = client.predict("recorded", "every method", api_name="/benchmarks")
+    assert Image.open(plot).size[0] > 100
     plot, table, files = client.predict("fresh", api_name="/benchmarks")
     assert Image.open(plot).size[0] > 100 and "| 64 |" in table and "sdpa" in table
 

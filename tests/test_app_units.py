@@ -1,5 +1,5 @@
 """The app's pure parts: PSNR/SSIM against a direct implementation, limits, the Compare plan,
-reading recorded benchmark tables, and the default model set."""
+and the default model set."""
 
 import math
 
@@ -66,46 +66,6 @@ def test_compare_plan_puts_the_reference_first_and_dedupes():
     assert compare.config_label("mhla", "HLA") == "mhla · HLA" and compare.config_label("mhla", "—") == "mhla"
     with pytest.raises(ValueError, match="not allowed"):
         compare.parse_config("mhla+HLA", models.ATTENTIONS, models.TEXT_ENCODERS)
-
-
-RESULTS = """# Attention, H200 bf16
-
-| shape | B | N | heads×d | method | fwd ms | fwd ms (CUDA graph) | floor ms |
-|---|---|---|---|---|---|---|---|
-| Wan 480p | 1 | 32760 | 12x128 | sdpa cudnn | 11.7 | 11.5 | 0.094 |
-| Wan 480p | 1 | 32760 | 12x128 | mhla triton | **0.41** | 0.39 | 0.094 |
-| Wan 720p | 1 | 75,600 | 12x128 | mhla triton | 0.9 | — | 0.2 |
-| Wan 720p | 1 | 75600 | 12x128 | sdpa flash | — | — | 0.2 |
-
-Some prose and an unrelated table:
-
-| a | b |
-|---|---|
-| 1 | 2 |
-
-## Whole model
-
-| model | grid | N | attention | fwd ms | speed-up vs sdpa | note |
-|---|---|---|---|---|---|---|
-| wan2.1-1.3b | 21x30x52 | 32760 | sdpa | 619 | — | |
-"""
-
-
-def test_recorded_tables_are_parsed_and_labelled():
-    rows = bench_results.parse_results(RESULTS)
-    assert {"N": 75600, "method": "mhla triton [Attention, H200 bf16]", "fwd_ms": 0.9} in rows
-    assert {"N": 32760, "method": "mhla triton [Attention, H200 bf16]", "fwd_ms": 0.41} in rows
-    assert {"N": 32760, "method": "sdpa [Whole model]", "fwd_ms": 619.0} in rows
-    assert len(rows) == 4                                          # the row without a time is skipped
-    assert "| sdpa cudnn [Attention, H200 bf16] | 32760 | 11.700 |" in bench_results.markdown(rows)
-
-
-def test_missing_results_file_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no latency has been recorded"):
-        bench_results.read_results(tmp_path / "RESULTS.md")
-    (tmp_path / "RESULTS.md").write_text("no tables here\n")
-    with pytest.raises(ValueError, match="no table"):
-        bench_results.read_results(tmp_path / "RESULTS.md")
 
 
 def test_default_models_pick_up_shipped_checkpoints(tmp_path):

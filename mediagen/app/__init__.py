@@ -10,7 +10,7 @@ Modules, one purpose each:
     generation.py     one generation timed per stage (text encoding, denoising, decoding)
     compare.py        the Compare run: reference first, quality against it
     similarity.py     PSNR and SSIM;  scores.py  digit-classifier and VBench-style scores
-    bench_results.py  latency rows from benchmarks/RESULTS.md or a fresh run
+    bench_results.py  latency rows recorded in the package (eval/recorded) or from a fresh run
     limits.py         bounds on requests, with readable errors;  files.py  where outputs go
 Gradio is imported only here, never below.
 """

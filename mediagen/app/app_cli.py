@@ -29,7 +29,7 @@ def register(sub):
     p.add_argument("--max-request-s", type=float, default=None,
                    help="refuse a request estimated to take longer (default: 90 on cpu, 120 on cuda)")
     p.add_argument("--checkpoints", default=None, help="folder of shipped checkpoints (see mediagen.app.models)")
-    p.add_argument("--results", default=None, help="recorded latency tables (default benchmarks/RESULTS.md)")
+    p.add_argument("--results", default=None, help="recorded latency JSON (default: the one shipped in mediagen/eval/recorded)")
     p.add_argument("--output-dir", default=None, help="where outputs are written (default: a temp folder)")
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at start")
     p.set_defaults(func=run)

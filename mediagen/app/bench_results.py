@@ -1,86 +1,78 @@
-"""The Benchmarks tab's data: latency against sequence length, read from the recorded markdown
-tables of ``benchmarks/RESULTS.md`` or measured now with ``mediagen bench``'s attention sweep.
+"""The Benchmarks tab's data: attention latency against sequence length, either as recorded in the
+package (``mediagen/eval/recorded/attention_latency.json``, written on a GPU by
+``benchmarks/attention.py --json``) or measured now with ``mediagen bench``'s attention sweep.
 
-A recorded table qualifies when its header has an ``N`` column, a method column (``method`` or
-``attention``) and a time column (``fwd ms`` preferred, else the first column ending in ``ms``).
+The recorded file ships with the package, so an installed app plots it without the repository. Its
+rows keep the command, date and device of the run that measured them.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from pathlib import Path
 
-METHOD_COLUMNS = ("method", "attention", "variant")
+from ..eval.bench_report import RECORDED_LATENCY
+
+SERIES = ("mhla vs fastest sdpa", "every method")
+# the two families compared by default: per sequence length, the fastest method whose name starts so
+FAMILIES = (("mhla", "mhla (fastest variant)"), ("sdpa", "sdpa (fastest backend)"))
 
 
 def default_results_path() -> Path:
-    return Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
-
-
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
-def _number(text: str) -> float | None:
-    m = re.match(r"^[~≈]?\s*([0-9][0-9,]*\.?[0-9]*(?:e[-+]?\d+)?)", text.replace("**", "").strip(), re.I)
-    return float(m.group(1).replace(",", "")) if m else None
-
-
-def _tables(text: str):
-    """Yield (heading, header cells, rows of cells) for every markdown table in ``text``."""
-    lines, heading, i = text.splitlines(), "", 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("#"):
-            heading = line.lstrip("#").strip()
-        if line.strip().startswith("|") and i + 1 < len(lines) and re.match(r"^\s*\|[\s:|-]+\|?\s*$", lines[i + 1]):
-            header, rows, i = _cells(line), [], i + 2
-            while i < len(lines) and lines[i].strip().startswith("|"):
-                rows.append(_cells(lines[i]))
-                i += 1
-            yield heading, header, rows
-            continue
-        i += 1
-
-
-def _table_rows(header: list[str], rows: list[list[str]]) -> list[dict]:
-    names = [h.lower().replace("*", "").strip() for h in header]
-    method_col = next((names.index(m) for m in METHOD_COLUMNS if m in names), None)
-    times = [j for j, h in enumerate(names) if h.endswith("ms")]
-    if "n" not in names or method_col is None or not times:
-        return []
-    time_col = names.index("fwd ms") if "fwd ms" in names else times[0]
-    out = []
-    for cells in rows:
-        if len(cells) != len(names):
-            continue
-        n, ms = _number(cells[names.index("n")]), _number(cells[time_col])
-        if n is not None and ms is not None:
-            out.append({"N": int(n), "method": cells[method_col], "fwd_ms": ms})
-    return out
-
-
-def parse_results(text: str) -> list[dict]:
-    """Rows {"N", "method", "fwd_ms"} from every qualifying table; with several tables the method
-    is labelled with its table's heading (e.g. "sdpa flash [H200 bf16]")."""
-    tables = [(heading, found) for heading, header, rows in _tables(text) if (found := _table_rows(header, rows))]
-    if len(tables) > 1:
-        for k, (heading, found) in enumerate(tables):
-            for r in found:
-                r["method"] = f"{r['method']} [{heading or f'table {k + 1}'}]"
-    return [r for _, found in tables for r in found]
+    return RECORDED_LATENCY
 
 
 def read_results(path: str | Path | None = None) -> list[dict]:
-    """Rows of the recorded results; a readable error when the file is missing or holds no table."""
+    """Rows of the recorded latency file, each with its run's ``date``, ``device``, ``command`` and
+    ``dtype``; a readable error when the file is missing, malformed or has no time."""
     path = Path(path) if path is not None else default_results_path()
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist yet: no latency has been recorded. Run a fresh "
-                                "benchmark instead (or `mediagen bench --out benchmarks/RESULTS.md` on a GPU)")
-    rows = parse_results(path.read_text())
-    if not rows:
-        raise ValueError(f"{path} has no table with N, method and a time in ms to plot")
+        raise FileNotFoundError(f"{path} does not exist: no latency has been recorded there. Run a fresh "
+                                f"benchmark instead, or record one on a GPU with "
+                                f"`python benchmarks/attention.py --json {path}`")
+    try:
+        doc = json.loads(path.read_text())
+        rows = [{**r, "date": run.get("date", ""), "device": run.get("device", ""),
+                 "command": run.get("command", ""), "dtype": run.get("dtype", "")}
+                for run in doc["runs"] for r in run["rows"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a recorded latency file ({type(err).__name__}: {err}); it holds "
+                         "{'runs': [{'command', 'date', 'device', 'rows': [...]}]}") from None
+    if not any(r.get("fwd_graph_ms") is not None or r.get("fwd_ms") is not None for r in rows):
+        raise ValueError(f"{path} has no row with a forward time to plot")
     return rows
+
+
+def time_key(rows: list[dict]) -> str:
+    """The time plotted: CUDA-graph replay (the kernels' own time) when the rows have it, else eager."""
+    return "fwd_graph_ms" if any(r.get("fwd_graph_ms") is not None for r in rows) else "fwd_ms"
+
+
+def select_series(rows: list[dict], series: str, y: str) -> list[dict]:
+    """The rows to plot. "every method": each method as measured. "mhla vs fastest sdpa": two lines,
+    at each sequence length the fastest MHLA method and the fastest SDPA backend (``picked`` names it);
+    rows of neither family are then left out, unless no row is of either family."""
+    if series not in SERIES:
+        raise ValueError(f"series={series!r} is not allowed: choose one of {list(SERIES)}")
+    timed = [r for r in rows if r.get(y) is not None]
+    if series == "every method":
+        return [{"N": r["N"], "method": r["method"], y: r[y]} for r in timed]
+    out = []
+    for prefix, label in FAMILIES:
+        best: dict = {}
+        for r in timed:
+            if r["method"].startswith(prefix) and (r["N"] not in best or r[y] < best[r["N"]][y]):
+                best[r["N"]] = r
+        out += [{"N": n, "method": label, y: r[y], "picked": r["method"]} for n, r in sorted(best.items())]
+    return out or select_series(rows, "every method", y)
+
+
+def recorded_title(rows: list[dict]) -> str:
+    """A title that fits: the devices and dtypes of the recorded rows, short."""
+    devices = sorted({r["device"].split(",")[0] for r in rows if r.get("device")})
+    dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")})
+    where = ", ".join(devices + dtypes)
+    return f"Attention latency, recorded ({where})" if where else "Attention latency, recorded"
 
 
 def fresh_rows(device, rep_ms: float = 50.0, shapes=None, repeats: int = 3) -> list[dict]:
@@ -115,14 +107,25 @@ def fresh_rows(device, rep_ms: float = 50.0, shapes=None, repeats: int = 3) -> l
              "runs": len(t)} for (m, n), t in times.items()]
 
 
+def _ms(value) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
 def markdown(rows: list[dict]) -> str:
-    """The table shown under the plot; with repeated measurements, the spread (min–max) too."""
+    """The table shown under the plot: recorded rows with their times and date; fresh rows with the
+    spread (min–max) of their repeated measurements."""
+    if any("date" in r for r in rows):
+        lines = ["| shape | N | method | fwd ms (CUDA graph) | fwd+bwd ms (CUDA graph) | fwd ms (eager) | measured |",
+                 "|---|---|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (r["N"], r["method"])):
+            lines.append(f"| {r.get('shape', '')} | {r['N']} | {r['method']} | {_ms(r.get('fwd_graph_ms'))} | "
+                         f"{_ms(r.get('fwd_bwd_graph_ms'))} | {_ms(r.get('fwd_ms'))} | {r['date']} |")
+        return "\n".join(lines)
     spread = any("fwd_min_ms" in r for r in rows)
     head = "| method | N | fwd ms (median) | min–max ms | runs |" if spread else "| method | N | fwd ms |"
     lines = [head, "|---|---|---|---|---|" if spread else "|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["method"], r["N"])):
-        ms = r.get("fwd_ms")
-        cells = [r["method"], str(r["N"]), "—" if ms is None else f"{ms:.3f}"]
+        cells = [r["method"], str(r["N"]), _ms(r.get("fwd_ms"))]
         if spread:
             lo, hi = r.get("fwd_min_ms"), r.get("fwd_max_ms")
             cells += ["—" if lo is None else f"{lo:.3f}–{hi:.3f}", str(r.get("runs", ""))]

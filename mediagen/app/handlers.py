@@ -222,21 +222,27 @@ class MediagenApp:
 
     # --- Benchmarks ----------------------------------------------------------------------------
     @readable_errors
-    def benchmarks(self, source, progress=gr.Progress(track_tqdm=True)):
+    def benchmarks(self, source, series=bench_results.SERIES[0], progress=gr.Progress(track_tqdm=True)):
         source = _choice("source", source, BENCH_SOURCES)
+        series = _choice("series", series, bench_results.SERIES)
         if source == "recorded":
-            rows, title = bench_results.read_results(self.results_path), f"recorded: {self.results_path.name}"
+            rows = bench_results.read_results(self.results_path)
+            title = bench_results.recorded_title(rows)
+            note = (f"recorded in `{self.results_path.name}`: the latest measurement of each shape and method, "
+                    "plotted as CUDA-graph replay (the kernels' own time)")
         else:
             progress(0, desc="timing attention")
             rows = bench_results.fresh_rows(self.cache.device, shapes=self.bench_shapes)
-            title = f"measured now on {self.cache.device.type}: median of 3 passes after a warm-up, spread min–max"
+            title = f"Attention latency, measured now ({self.cache.device.type})"
+            note = f"measured now on {self.cache.device.type}: median of 3 passes after a warm-up, spread min–max"
         from ..eval.latency_plot import plot_latency
 
+        y = bench_results.time_key(rows)
         folder = files.request_dir(self.output_root, "bench")
-        plot = plot_latency(rows, folder / "latency.png", title=f"attention latency vs sequence length ({title})")
+        plot = plot_latency(bench_results.select_series(rows, series, y), folder / "latency.png", y=y, title=title)
         table = bench_results.markdown(rows)
         (folder / "latency.md").write_text(table + "\n")
-        return plot, f"**{title}**\n\n{table}", [plot, str(folder / "latency.md")]
+        return plot, f"**{note}**\n\n{table}", [plot, str(folder / "latency.md")]
 
     # --- defaults for the page -----------------------------------------------------------------
     def page_defaults(self) -> dict:

@@ -11,6 +11,7 @@ import gradio as gr
 
 from .compare import REFERENCE, config_label
 from .fields import RawCheckboxGroup, RawNumber, RawRadio
+from .bench_results import SERIES
 from .handlers import BENCH_SOURCES, COMPARE_TASKS, IMAGE_MODES, MediagenApp
 from .models import describe_models
 
@@ -153,15 +154,18 @@ def _compare_tab(app: MediagenApp, d: dict):
 
 
 def _bench_tab(app: MediagenApp):
-    gr.Markdown(f"Attention latency against sequence length: `recorded` reads `{app.results_path}`; "
+    gr.Markdown(f"Attention latency against sequence length: `recorded` plots the latency shipped with the package "
+                f"(`{app.results_path.name}`, written on a GPU by `benchmarks/attention.py --json`); "
                 "`fresh` times `mediagen bench`'s attention shapes on this server's device now: one warm-up pass, "
-                "then the median of three passes with their spread (min–max), since a shared CPU's timings vary.")
+                "then the median of three passes with their spread (min–max), since a shared CPU's timings vary. "
+                "`series`: MHLA against the fastest SDPA backend at each length, or every method.")
     source = RawRadio(list(BENCH_SOURCES), value="recorded", label="source")
+    series = RawRadio(list(SERIES), value=SERIES[0], label="series")
     run = gr.Button("Plot", variant="primary", elem_id="bench-run")
     plot = gr.Image(label="latency vs sequence length", type="filepath")
     table = gr.Markdown()
     downloads = gr.File(label="download", file_count="multiple")
-    run.click(app.benchmarks, [source], [plot, table, downloads], api_name="benchmarks")
+    run.click(app.benchmarks, [source, series], [plot, table, downloads], api_name="benchmarks")
 
 
 def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> gr.Blocks:
