@@ -1,5 +1,6 @@
 """Sweep the launch settings of each MHLA Triton kernel alone (CUDA-graph replay times), to choose
-KERNEL_CONFIGS in mediagen/kernels/mhla/triton_op.py.
+the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
+``mediagen.kernels.mhla.launch_settings``, so nothing outside the sweep sees it.
 
     python benchmarks/sweep_mhla.py [--quick]
     python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernels' settings (mix and mix_grad)
@@ -20,7 +21,7 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mediagen.attention.mhla import locality_mix  # noqa: E402
 from mediagen.eval.attention_bench import GPU_SHAPES  # noqa: E402
-from mediagen.kernels.mhla import layout, triton_op as T  # noqa: E402
+from mediagen.kernels.mhla import kernel_settings, launch_settings, layout, triton_op as T  # noqa: E402
 
 
 def timed(fn):
@@ -57,7 +58,7 @@ def kernel_calls(x):
 def sweep_mix(shapes):
     """The mixing kernel S~ = Mc S (forward direction, bf16 summaries as forward_impl stores them) and the
     dMc contraction alone, at the chunked shapes; the same bytes copied, for scale."""
-    default, default_grad = dict(T.KERNEL_CONFIGS["mix"]), dict(T.KERNEL_CONFIGS["mix_grad"])
+    default, default_grad = kernel_settings("mix"), kernel_settings("mix_grad")
     for s in shapes:
         x = chunked_inputs(s, 1)
         sz = x["sz"]
@@ -67,31 +68,28 @@ def sweep_mix(shapes):
         # (BK is used only when M*J > 64 blocks: none of these shapes with J = 1)
         for bx, per_sm, warps, stages, lowp in itertools.product((64, 128, 256), (2, 4, 8), (4, 8), (2, 3, 4),
                                                                  (False, True)):
-            T.KERNEL_CONFIGS["mix"] = dict(default, BX=bx, per_sm=per_sm, warps=warps, stages=stages, lowp=lowp)
-            rows.append((timed(mix), bx, per_sm, warps, stages, lowp))
-        T.KERNEL_CONFIGS["mix"] = dict(default)
+            with launch_settings("mix", BX=bx, per_sm=per_sm, warps=warps, stages=stages, lowp=lowp):
+                rows.append((timed(mix), bx, per_sm, warps, stages, lowp))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} mix (M={x['M']}, X={sz.shape[-1]}, copy of the summaries {timed(lambda: sz.clone()):.4f} ms): "
               f"best (ms, BX, per_sm, warps, stages, lowp) {ok[:4]}; default {default} -> {timed(mix)}; worst {ok[-1]}",
               flush=True)
         rows = []
         for xt, bk, warps, stages in itertools.product((256, 512, 1024, 2048), (32, 64, 128), (4, 8), (2, 3)):
-            T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad, XT=xt, BK=bk, warps=warps, stages=stages)
-            rows.append((timed(grad), xt, bk, warps, stages))
-        T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad)
+            with launch_settings("mix_grad", XT=xt, BK=bk, warps=warps, stages=stages):
+                rows.append((timed(grad), xt, bk, warps, stages))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} mix_grad: best (ms, XT, BK, warps, stages) {ok[:4]}; default {default_grad} -> "
               f"{timed(grad)}; worst {ok[-1]}", flush=True)
         rows = []  # how the parts are summed, at the default tiles: torch's reduction or part_sum_kernel
         for how, br, by in [("torch", 0, 0), *itertools.product(("triton",), (8, 16, 32, 64), (64, 128, 256))]:
-            T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad, sum=how, BR=br, BY=by)
-            rows.append((timed(grad), how, br, by))
-        T.KERNEL_CONFIGS["mix_grad"] = dict(default_grad)
+            with launch_settings("mix_grad", sum=how, BR=br, BY=by):
+                rows.append((timed(grad), how, br, by))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} mix_grad parts summed: best (ms, sum, BR, BY) {ok[:4]}; torch {rows[0]}", flush=True)
 
 
-def sweep_dense(shapes, defaults):
+def sweep_dense(shapes):
     """The dense kernel's launch settings at the DiT shapes."""
     for s in shapes:
         B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
@@ -100,14 +98,12 @@ def sweep_dense(shapes, defaults):
         rows = []
         for bt, bs, warps, stages in itertools.product((64, 128, 256), (32, 64), (4, 8), (2, 3)):
             # the head dim in two tiles (DiT's 72 in bf16) takes its settings from "dense_split"
-            T.KERNEL_CONFIGS["dense"] = dict(BT=bt, BS=bs, warps=warps, stages=stages, onehot=True)
-            T.KERNEL_CONFIGS["dense_split"] = dict(BT=bt, BS=bs, warps=warps, stages=stages)
-            rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
-                         bt, bs, warps, stages))
-        T.KERNEL_CONFIGS["dense_split"] = dict(defaults["dense_split"])
-        T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"], onehot=False)
-        gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
-        T.KERNEL_CONFIGS["dense"] = dict(defaults["dense"])
+            tiles = dict(BT=bt, BS=bs, warps=warps, stages=stages)
+            with launch_settings("dense", **tiles, onehot=True), launch_settings("dense_split", **tiles):
+                rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
+                             bt, bs, warps, stages))
+        with launch_settings("dense", onehot=False):
+            gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} dense (ms, BT, BS, warps, stages): best {ok[:3]}; worst {ok[-1]}", flush=True)
         print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
@@ -122,9 +118,8 @@ def main():
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
-    defaults = {k: dict(v) for k, v in T.KERNEL_CONFIGS.items()}
     if args.dense:
-        sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], defaults)
+        sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]])
         return
     if args.mix:
         sweep_mix([s for s in GPU_SHAPES if 1024 <= s.tokens <= 32768])
@@ -153,20 +148,18 @@ def main():
                 # with --kernels: also the token ids loaded a step ahead or not (``prefetch``)
                 prefetch = (False, True) if only else (None,)
                 for (tile, bt, warps, stages), ahead in itertools.product(grid, prefetch):
-                    # other keys (the product precision) keep their defaults
-                    T.KERNEL_CONFIGS[name] = dict(defaults[name], TILE=tile, BT=bt, warps=warps, stages=stages)
-                    if ahead is not None:
-                        T.KERNEL_CONFIGS[name]["prefetch"] = ahead
-                    rows.append((timed(call), tile, bt, warps, stages) + (() if ahead is None else (ahead,)))
-                T.KERNEL_CONFIGS[name] = dict(defaults[name])
+                    # other fields (the product precision) keep their defaults
+                    ahead_field = {} if ahead is None else dict(prefetch=ahead)
+                    with launch_settings(name, TILE=tile, BT=bt, warps=warps, stages=stages, **ahead_field):
+                        rows.append((timed(call), tile, bt, warps, stages) + (() if ahead is None else (ahead,)))
                 ok = sorted(r for r in rows if not isinstance(r[0], str))
-                print(f"{s.name} J={J} {name}: best {ok[0]}, default {defaults[name]} -> "
+                print(f"{s.name} J={J} {name}: best {ok[0]}, default {kernel_settings(name)} -> "
                       f"{timed(call)}; worst {ok[-1]}", flush=True)
                 best.setdefault(name, []).append((s.name, J, ok[:3]))
             del x
     if only:
         return
-    sweep_dense((dit256, dit512), defaults)
+    sweep_dense((dit256, dit512))
     # mixing kernels and splits, with the defaults
     x = chunked_inputs(wan, 1)
     print("wan mix fwd", timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)))

@@ -4,7 +4,10 @@ On a CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_
 shapes here are small; on a GPU the same tests run unchanged, plus real-size cases.
 """
 
+import contextlib
+import dataclasses
 import math
+import threading
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ import triton
 import triton.language as tl
 
 from mediagen.kernels import mhla, mhla_reference
-from mediagen.kernels.mhla import triton_op
+from mediagen.kernels.mhla import kernel_settings, launch_settings, settings as launch_defaults, triton_op
 from mediagen.kernels.mhla.triton_common import first_column, hi_lo_columns
 from mediagen.kernels.mhla.triton_op import mhla_triton
 
@@ -23,6 +26,16 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
     monkeypatch.setattr(triton_op, "POISON_OUTPUTS", True)
+
+
+@contextlib.contextmanager
+def column_tiles(TILE):
+    """Every kernel with a TILE setting launched with this many output columns per program."""
+    with contextlib.ExitStack() as stack:
+        for name in launch_defaults.KERNELS:
+            if hasattr(kernel_settings(name), "TILE"):
+                stack.enter_context(launch_settings(name, TILE=TILE))
+        yield
 
 
 def rel_err(got, want):
@@ -181,13 +194,15 @@ def test_real_sizes_on_gpu(B, grid, H, D, blocks, dtype):
 
 @pytest.mark.parametrize("setting,value", [("dense", "onehot"), ("apply", "lowp"), ("query_grad", "lowp"),
                                            ("key_grad", "lowp")])
-def test_alternative_kernel_paths(device, monkeypatch, setting, value):
+def test_alternative_kernel_paths(device, setting, value):
     """The dense kernel's gathered block weights (used when M > 128) and, on a GPU, the chunked
     kernels' other product precision (tf32 copies instead of the input dtype, or the reverse), against
     the reference (forward and backward)."""
-    cfg = dict(triton_op.KERNEL_CONFIGS[setting])
-    cfg[value] = not cfg.get(value, False)
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, setting, cfg)
+    with launch_settings(setting, **{value: not getattr(kernel_settings(setting), value)}):
+        alternative_kernel_path(device, setting)
+
+
+def alternative_kernel_path(device, setting):
     dtype = torch.float32 if setting == "dense" else torch.bfloat16
     grid, blocks = (5, 9), (2, 3)
     q, k, v = make(2, grid, 2, 24, dtype, device, "elu1")
@@ -205,14 +220,18 @@ def test_alternative_kernel_paths(device, monkeypatch, setting, value):
 @pytest.mark.parametrize("normalize,rope,dtype", [(True, False, torch.bfloat16), (False, True, torch.float32),
                                                   (True, True, torch.float32)])
 @pytest.mark.parametrize("flip", [False, True])
-def test_token_ids_loaded_ahead_or_not(device, monkeypatch, normalize, rope, dtype, flip):
+def test_token_ids_loaded_ahead_or_not(device, normalize, rope, dtype, flip):
     """Every chunked kernel with its ``prefetch`` setting (the next step's token ids loaded during this step,
     or not) and with the other one (flip): blocks of 30 to 36 tokens take two or three 16-token steps with a
     ragged last one; the output and gradients against the reference."""
-    for name in ("summary", "apply", "query_grad", "key_grad"):
-        cfg = triton_op.KERNEL_CONFIGS[name]
-        monkeypatch.setitem(triton_op.KERNEL_CONFIGS, name,
-                            dict(cfg, prefetch=cfg.get("prefetch", False) != flip, BT=16, one_step={}))
+    with contextlib.ExitStack() as stack:
+        for name in ("summary", "apply", "query_grad", "key_grad"):
+            stack.enter_context(launch_settings(name, prefetch=kernel_settings(name).prefetch != flip, BT=16,
+                                                one_step={}))
+        token_ids_loaded_ahead_or_not(device, normalize, rope, dtype)
+
+
+def token_ids_loaded_ahead_or_not(device, normalize, rope, dtype):
     grid, blocks = (12, 11), (2, 2)
     q, k, v = make(1, grid, 2, 24, dtype, device, "relu")
     mix = torch.rand(4, 4, device=device)
@@ -250,17 +269,15 @@ def test_dense_padded_head_dim(device, normalize, rope, dtype, D):
     assert rel_err(o, r) < TOL[dtype]
 
 
-def test_several_column_tiles(device, monkeypatch):
+def test_several_column_tiles(device):
     """Head dims wider than one column tile (D = 256 on a GPU) split the output columns over programs."""
-    for name, cfg in triton_op.KERNEL_CONFIGS.items():
-        if "TILE" in cfg:
-            monkeypatch.setitem(triton_op.KERNEL_CONFIGS, name, dict(cfg, TILE=16))
     grid, blocks = (4, 7), (2, 3)
     q, k, v = make(1, grid, 2, 40, torch.float32, device, "relu")
     mix = torch.rand(6, 6, device=device)
     inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
     refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
-    o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="chunked")
+    with column_tiles(16):  # (the backward launches with the forward's settings)
+        o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="chunked")
     r = mhla_reference(*refs, grid, blocks, feature_map="relu")
     assert rel_err(o, r) < 1e-4
     g = torch.randn_like(o)
@@ -279,19 +296,20 @@ MIX_CASES = [  # M, J, D (X = D*D + D), per-head mix, transpose, src dtype, out 
 
 
 @pytest.mark.parametrize("M,J,D,per_head,transpose,dtype,out_dtype,programs,BX", MIX_CASES)
-def test_mix_kernel(device, monkeypatch, M, J, D, per_head, transpose, dtype, out_dtype, programs, BX):
+def test_mix_kernel(device, M, J, D, per_head, transpose, dtype, out_dtype, programs, BX):
     """launch_mix alone: out = Mc (or Mc^T) @ src with J rows of src per block, at block counts that take
     one K step (M = 5, also with J = 2) and several (M = 70: two row tiles too), rows that end inside a
     column tile, and few column programs, so that each walks several column tiles."""
-    if BX is not None:
-        c = triton_op.KERNEL_CONFIGS["mix"]
-        monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix", dict(c, BX=BX, fp32=dict(c.get("fp32", {}), BX=BX)))
-        assert programs < triton.cdiv(D * D + D, BX) - 1
+    c = kernel_settings("mix")
+    columns = {} if BX is None else dict(BX=BX, fp32=dataclasses.replace(c.fp32, BX=BX))
+    assert BX is None or programs < triton.cdiv(D * D + D, BX) - 1
     B, H, X = 2, 2, D * D + D
     src = torch.randn(B, H, M * J, X, device=device).to(dtype)
     mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
     ieee = dtype == torch.float32
-    out = triton_op.launch_mix(mix, src, J, ieee, transpose=transpose, out_dtype=out_dtype, column_programs=programs)
+    with launch_settings("mix", **columns):
+        out = triton_op.launch_mix(mix, src, J, ieee, transpose=transpose, out_dtype=out_dtype,
+                                   column_programs=programs)
     a = mix.double().transpose(-1, -2) if transpose else mix.double()
     a = a.repeat_interleave(J, dim=-1).expand(H, M, M * J)
     want = torch.einsum("hik,bhkx->bhix", a, src.double())
@@ -302,14 +320,14 @@ def test_mix_kernel(device, monkeypatch, M, J, D, per_head, transpose, dtype, ou
 @pytest.mark.skipif(not ON_GPU, reason="bf16 products (lowp) run on a GPU only: the interpreter's bf16 dot is wrong")
 @pytest.mark.parametrize("M,J,per_head,transpose", [(60, 1, False, False), (70, 2, True, True)])
 @pytest.mark.parametrize("lowp", [True, False])
-def test_mix_kernel_bf16_products(device, monkeypatch, M, J, per_head, transpose, lowp):
+def test_mix_kernel_bf16_products(device, M, J, per_head, transpose, lowp):
     """The mix of bf16 summaries against fp64, one K step and several: bf16 products with Mc rounded to bf16
     (lowp, the default) or tf32 products of fp32 copies."""
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix", dict(triton_op.KERNEL_CONFIGS["mix"], lowp=lowp))
     B, H, X = 1, 3, 128 * 128 + 128
     src = torch.randn(B, H, M * J, X, device=device).to(torch.bfloat16)
     mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
-    out = triton_op.launch_mix(mix, src, J, False, transpose=transpose, out_dtype=torch.bfloat16)
+    with launch_settings("mix", lowp=lowp):
+        out = triton_op.launch_mix(mix, src, J, False, transpose=transpose, out_dtype=torch.bfloat16)
     a = mix.double().transpose(-1, -2) if transpose else mix.double()
     want = torch.einsum("hik,bhkx->bhix", a.repeat_interleave(J, dim=-1).expand(H, M, M * J), src.double())
     assert rel_err(out, want) < 1e-2
@@ -329,15 +347,14 @@ def test_mix_rejects_bad_arguments(device):
 
 @pytest.mark.parametrize("how", ["torch", "triton"])
 @pytest.mark.parametrize("per_head", [False, True])
-def test_mix_grad_parts_summed(device, monkeypatch, how, per_head):
+def test_mix_grad_parts_summed(device, how, per_head):
     """dMc = sum over batch (and heads, for a shared Mc) of dS~ S^T, with the per-program parts added by torch or
     by part_sum_kernel: 5 column tiles, parts in steps of 4 (a ragged last step, of 30 parts or of 5 per head),
     outputs in tiles of 16 (ragged)."""
-    c = triton_op.KERNEL_CONFIGS["mix_grad"]
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix_grad", dict(c, XT=64, BK=32, sum=how, BR=4, BY=16))
     B, H, M, X = 2, 3, 5, 16 * 16 + 16
     left, right = (torch.randn(B, H, M, X, device=device) for _ in range(2))
-    got = triton_op.launch_mix_grad(left, right, per_head, True)
+    with launch_settings("mix_grad", XT=64, BK=32, sum=how, BR=4, BY=16):
+        got = triton_op.launch_mix_grad(left, right, per_head, True)
     want = torch.einsum("bhix,bhjx->hij" if per_head else "bhix,bhjx->ij", left.double(), right.double())
     assert got.shape == want.shape and got.dtype == torch.float32
     assert rel_err(got, want) < 1e-5
@@ -348,9 +365,6 @@ def test_mix_grad_parts_summed(device, monkeypatch, how, per_head):
 def test_mix_grad_sum_auto(device, monkeypatch, per_head, least, expect):
     """sum="auto" launches part_sum_kernel only when it has at least sum_programs programs: M*M = 25 outputs in
     tiles of 16 make 2, times 3 heads for a per-head Mc; the result is right either way."""
-    c = triton_op.KERNEL_CONFIGS["mix_grad"]
-    monkeypatch.setitem(triton_op.KERNEL_CONFIGS, "mix_grad",
-                        dict(c, XT=64, BK=32, sum="auto", sum_programs=least, BR=4, BY=16))
     launched = []
 
     class Recorded:
@@ -362,7 +376,8 @@ def test_mix_grad_sum_auto(device, monkeypatch, per_head, least, expect):
     monkeypatch.setattr(triton_op, "part_sum_kernel", Recorded())
     B, H, M, X = 2, 3, 5, 16 * 16 + 16
     left, right = (torch.randn(B, H, M, X, device=device) for _ in range(2))
-    got = triton_op.launch_mix_grad(left, right, per_head, True)
+    with launch_settings("mix_grad", XT=64, BK=32, sum="auto", sum_programs=least, BR=4, BY=16):
+        got = triton_op.launch_mix_grad(left, right, per_head, True)
     want = torch.einsum("bhix,bhjx->hij" if per_head else "bhix,bhjx->ij", left.double(), right.double())
     assert rel_err(got, want) < 1e-5
     assert bool(launched) == expect, launched
@@ -411,11 +426,13 @@ def test_rope_forward_and_backward_match_reference(device, grid, blocks, D, algo
         assert rel_err(a, b) < 1e-4, name
 
 
-def test_rope_with_several_column_tiles(device, monkeypatch):
+def test_rope_with_several_column_tiles(device):
     """Gradients rotated back per column tile (pairs inside a tile) when D spans several tiles."""
-    for name, cfg in triton_op.KERNEL_CONFIGS.items():
-        if "TILE" in cfg:
-            monkeypatch.setitem(triton_op.KERNEL_CONFIGS, name, dict(cfg, TILE=16))
+    with column_tiles(16):
+        rope_with_several_column_tiles(device)
+
+
+def rope_with_several_column_tiles(device):
     grid, blocks, D = (4, 7), (2, 3), 40
     q, k, v = make(1, grid, 2, D, torch.float32, device, "relu")
     mix = torch.rand(6, 6, device=device)
@@ -511,18 +528,17 @@ def test_rows_at_odd_strides(device, algorithm):
 
 
 def test_one_step_settings_apply_only_to_single_step_half_precision_programs():
-    """KERNEL_CONFIGS' one_step settings replace a kernel's warps and stages only when every program walks one
+    """The one_step settings replace a kernel's warps and stages only when every program walks one
     token step (DiT-XL/2 512 px: 64-token blocks) and the inputs are half precision; Wan's 546-token blocks,
     token splits that leave more than one step, and fp32 inputs keep the defaults."""
-    c = triton_op.KERNEL_CONFIGS["summary"]
-    one = {**c, **c["one_step"]}
+    c = kernel_settings("summary")
+    one = (c.one_step.warps or c.warps, c.one_step.stages or c.stages)
+    assert one != (c.warps, c.stages)
     per_program = triton_op._tokens_per_program
-    assert triton_op._config("summary", 72, tokens=per_program(64, 1, torch.bfloat16))[3:] == (one["warps"],
-                                                                                              one["stages"])
-    assert triton_op._config("summary", 128, tokens=per_program(546, 1, torch.bfloat16))[3:] == (c["warps"],
-                                                                                                c["stages"])
+    assert triton_op._config("summary", 72, tokens=per_program(64, 1, torch.bfloat16))[3:] == one
+    assert triton_op._config("summary", 128, tokens=per_program(546, 1, torch.bfloat16))[3:] == (c.warps, c.stages)
     assert per_program(546, 9, torch.bfloat16) == 61 and per_program(64, 1, torch.float32) is None
-    assert triton_op._config("summary", 72, tokens=None)[3:] == (c["warps"], c["stages"])
+    assert triton_op._config("summary", 72, tokens=None)[3:] == (c.warps, c.stages)
 
 
 @pytest.mark.parametrize("rope", [False, True])
@@ -530,10 +546,143 @@ def test_fp32_inputs_take_the_fp32_settings(rope):
     """apply and key_grad launch fp32 inputs (with or without RoPE) with their ``fp32`` settings, which compile
     without the bf16 tiles' spills; half-precision inputs and kernels without such settings keep the defaults."""
     for name in ("summary", "apply", "query_grad", "key_grad"):
-        c = triton_op.KERNEL_CONFIGS[name]
-        want = {**c, **c.get("fp32", {})}
+        c = kernel_settings(name)
+        want = dataclasses.replace(c, **{k: v for k, v in dataclasses.asdict(c.fp32).items() if v is not None})
         BD, TILE, BT, warps, stages = triton_op._config(name, 128, fp32_rope=rope, fp32=True)
-        assert (TILE, warps, stages) == (want["TILE"], want["warps"], want["stages"]), name
-        assert BT == min(want["BT"], 32 if rope else want["BT"]), name
-        assert triton_op._config(name, 128)[1:] == (c["TILE"], c["BT"], c["warps"], c["stages"]), name
-    assert "fp32" in triton_op.KERNEL_CONFIGS["apply"] and "fp32" in triton_op.KERNEL_CONFIGS["key_grad"]
+        assert (TILE, warps, stages) == (want.TILE, want.warps, want.stages), name
+        assert BT == min(want.BT, 32 if rope else want.BT), name
+        assert triton_op._config(name, 128)[1:] == (c.TILE, c.BT, c.warps, c.stages), name
+    assert kernel_settings("apply").fp32 != launch_defaults.ChunkedVariant()
+    assert kernel_settings("key_grad").fp32 != launch_defaults.ChunkedVariant()
+
+
+# ---- launch settings: launch_settings / kernel_settings ----------------------------------------------------
+
+class LaunchRecorder:
+    """Stands in for a Triton kernel: records each launch's grid and keyword arguments, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(dict(kwargs, grid=grid))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def test_launch_settings_nest_and_unwind():
+    """Nested overrides stack field by field and each exit restores what was in force before it."""
+    default = kernel_settings("mix")
+    assert default == launch_defaults.DEFAULTS["mix"]
+    with launch_settings("mix", warps=8) as outer:
+        assert kernel_settings("mix") == outer and outer.warps == 8 and outer.stages == default.stages
+        with launch_settings("mix", stages=2, lowp=not default.lowp):
+            assert (kernel_settings("mix").warps, kernel_settings("mix").stages) == (8, 2)
+            with launch_settings("apply", TILE=32):
+                assert kernel_settings("apply").TILE == 32 and kernel_settings("mix").stages == 2
+            assert kernel_settings("apply") == launch_defaults.DEFAULTS["apply"]
+        assert kernel_settings("mix") == outer
+    assert kernel_settings("mix") is default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.warps = 2
+
+
+def test_launch_settings_restored_after_an_exception():
+    default = kernel_settings("key_grad")
+    with pytest.raises(RuntimeError, match="inside"):
+        with launch_settings("key_grad", BT=16, one_step={}):
+            with launch_settings("summary", prefetch=False):
+                raise RuntimeError("inside")
+    assert kernel_settings("key_grad") is default
+    assert kernel_settings("summary") == launch_defaults.DEFAULTS["summary"]
+
+
+def test_launch_settings_are_per_thread():
+    """Two threads overriding the same kernel differently, at the same time, each see only their own; the
+    main thread keeps the defaults throughout."""
+    both_inside = threading.Barrier(2)
+    seen, errors = {}, []
+
+    def worker(warps):
+        try:
+            with launch_settings("summary", warps=warps):
+                both_inside.wait(timeout=30)
+                seen[warps] = triton_op._config("summary", 64)[3]
+                both_inside.wait(timeout=30)
+            seen[warps, "after"] = kernel_settings("summary").warps
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in (2, 16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    default = launch_defaults.DEFAULTS["summary"].warps
+    assert seen == {2: 2, 16: 16, (2, "after"): default, (16, "after"): default}
+    assert kernel_settings("summary").warps == default
+
+
+def test_launch_settings_reject_unknown_names():
+    """Unknown kernels, fields and variant fields raise a one-line ValueError naming what is allowed."""
+    with pytest.raises(ValueError) as err:
+        with launch_settings("mixx", warps=4):
+            pass
+    assert "'mixx'" in str(err.value) and "mix_grad" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError) as err:
+        with launch_settings("dense_split", onehot=False, BT=64):
+            pass
+    assert "'onehot'" in str(err.value) and "BT, BS, warps, stages" in str(err.value)
+    with pytest.raises(ValueError, match="'TILE'.*warps, stages"):
+        with launch_settings("summary", one_step=dict(TILE=32)):
+            pass
+    with pytest.raises(ValueError, match="torch, triton, auto"):
+        with launch_settings("mix_grad", sum="numpy"):
+            pass
+    with pytest.raises(ValueError, match="unknown MHLA kernel"):
+        kernel_settings("attention")
+    assert kernel_settings("dense_split") == launch_defaults.DEFAULTS["dense_split"]
+
+
+def test_kernels_launch_with_the_override(device, monkeypatch):
+    """What the launchers pass to the kernels follows the override: the mix's tile, warps and stages, and the
+    summary kernel's tile, token step, prefetch, warps and stages; the defaults again after the block."""
+    mix_rec, summary_rec = LaunchRecorder(triton_op.mix_kernel), LaunchRecorder(triton_op.summary_kernel)
+    monkeypatch.setattr(triton_op, "mix_kernel", mix_rec)
+    monkeypatch.setattr(triton_op, "summary_kernel", summary_rec)
+    src = torch.randn(1, 2, 5, 16 * 16 + 16, device=device)
+    mix = torch.rand(5, 5, device=device)
+    with launch_settings("mix", BX=128, warps=2, stages=1, fp32={}):
+        triton_op.launch_mix(mix, src, 1, True)
+    triton_op.launch_mix(mix, src, 1, True)
+    fp32 = launch_defaults.DEFAULTS["mix"].fp32
+    assert [(r["BX"], r["num_warps"], r["num_stages"]) for r in mix_rec.launches] == [
+        (128, 2, 1), (fp32.BX, fp32.warps, fp32.stages)]
+
+    grid, blocks = (4, 8), (2, 2)
+    k, v = (torch.randn(1, 32, 2, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
+    order, offsets, largest = triton_op.block_token_lists(grid, blocks, k.device)
+    with launch_settings("summary", TILE=16, BT=16, warps=2, stages=2, prefetch=False, one_step={}):
+        triton_op.launch_summary(k, v, order, offsets, 4, 1, 1, largest=largest)
+    r = summary_rec.launches[-1]
+    assert (r["TILE"], r["BT"], r["PREFETCH"], r["num_warps"], r["num_stages"]) == (16, 16, False, 2, 2)
+    assert r["grid"][2] == 1  # D = 16 in one 16-column tile
+
+
+def test_backward_launches_with_the_forwards_settings(device, monkeypatch):
+    """Autograd may run the backward on another thread (its GPU workers): the backward kernels launch with the
+    settings in force when the forward ran, also when the backward runs in a thread of its own."""
+    recorder = LaunchRecorder(triton_op.key_grad_kernel)
+    monkeypatch.setattr(triton_op, "key_grad_kernel", recorder)
+    grid, blocks = (4, 8), (2, 2)
+    q, k, v = (t.requires_grad_() for t in make(1, grid, 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device)
+    with launch_settings("key_grad", warps=2, stages=1, fp32={}):
+        o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="chunked", splits=1)
+    elsewhere = threading.Thread(target=lambda: o.sum().backward())
+    elsewhere.start()
+    elsewhere.join(timeout=300)
+    assert [(r["num_warps"], r["num_stages"]) for r in recorder.launches] == [(2, 1)]
+    assert k.grad is not None and torch.isfinite(k.grad).all()

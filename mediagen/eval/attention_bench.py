@@ -145,20 +145,14 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
 
 @contextlib.contextmanager
 def _tf32_kernels(names):
-    """Turn off the input-dtype products of the named MHLA kernels (KERNEL_CONFIGS "lowp") for the
+    """Turn off the input-dtype products of the named MHLA kernels (their ``lowp`` launch setting) for the
     duration: they multiply tf32 copies instead."""
-    if not names:
-        yield
-        return
-    from ..kernels.mhla import triton_op
+    from ..kernels.mhla import launch_settings
 
-    saved = {n: dict(triton_op.KERNEL_CONFIGS[n]) for n in names}
-    for n in names:
-        triton_op.KERNEL_CONFIGS[n] = dict(saved[n], lowp=False)
-    try:
+    with contextlib.ExitStack() as stack:
+        for n in names:
+            stack.enter_context(launch_settings(n, lowp=False))
         yield
-    finally:
-        triton_op.KERNEL_CONFIGS.update(saved)
 
 
 def _measure(name, fn, q, k, v, shape, floor_bytes, bandwidth, timer, device, backward, rep_ms):

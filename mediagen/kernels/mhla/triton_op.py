@@ -21,6 +21,7 @@ import torch
 import triton
 
 from .layout import block_token_lists, token_block_ids
+from .settings import current_settings, kernel_settings, use_settings
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
 from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
@@ -47,57 +48,6 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Launch settings per kernel: TILE output columns per program, BT tokens per loop step (both capped
-# by the padded head dim BD), warps, pipeline stages. benchmarks/sweep_mhla.py measures the choices.
-# lowp: bf16/fp16 inputs multiply in their own dtype with fp32 accumulation (the block summaries are
-# rounded once to it) instead of tf32 products of fp32 copies; on the H200 that made the Wan 480p
-# forward 12% and forward+backward 25% faster (benchmarks/RESULTS.md) within the bf16 error bound.
-KERNEL_CONFIGS = {
-    # one_step: the settings when each program takes one token step (DiT-XL/2 at 512 px: 64-token blocks),
-    # where the pipeline's shared-memory staging only delays the one load (H200, sweep_mhla.py --kernels
-    # summary,apply,key_grad --shape "DiT-XL/2 512px", twelfth session: summary 64.6 -> 38.3 us,
-    # key_grad 60.2 -> 52.0 us; apply's best, 2 stages, was within 7% of its default and stays)
-    # prefetch: load the next token step's ids during this step (fourteenth session, Wan 480p, the kernels
-    # alone: summary 76.7 -> 72.6 us, query_grad 250.6 -> 214.9 us with 3 stages instead of 2; apply and
-    # key_grad were slower with it; benchmarks/RESULTS.md)
-    "summary": dict(TILE=128, BT=64, warps=8, stages=3, prefetch=True, one_step=dict(stages=1)),
-    # fp32: the settings for fp32 inputs (exact IEEE products, with or without RoPE). At the bf16 tiles apply and
-    # key_grad fall back to 32 registers and spill 18-55 KB per thread (kernel_resources.py --fp32); on the H200
-    # at Wan 480p (fourteenth session) apply took 22.5 ms there against 0.58 ms here, key_grad 58.0 against 4.78
-    "apply": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, fp32=dict(BT=16, warps=8, stages=2)),
-    # (query_grad in two launches, dq first and then dS~ by a weighted summary pass over q and g, was slower at every
-    # chunked shape: 254 against 215 us at Wan 480p, sixteenth session, benchmarks/RESULTS.md)
-    "query_grad": dict(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True),
-    "key_grad": dict(TILE=128, BT=64, warps=4, stages=3, lowp=True, one_step=dict(warps=8, stages=1),
-                     fp32=dict(BT=16, TILE=32, warps=4, stages=2)),
-    "dense": dict(BT=128, BS=64, warps=8, stages=2, onehot=True),  # BT: 64 for fp32 inputs
-    # the dense kernel with its head dim in two pieces (dense_settings): DiT-XL/2 256 px 15.8 us, the best
-    # of `python benchmarks/sweep_mhla.py --dense` once rows were read 16-byte aligned (twelfth session;
-    # 32 keys per step with 3 stages: 16.4 us; benchmarks/RESULTS.md)
-    "dense_split": dict(BT=256, BS=64, warps=8, stages=2),
-    # Each program walks every P-th column tile of its row tile, P chosen for per_sm programs per SM in all
-    # (launch_mix); BX summary columns per tile = acc // BM (the padded block count), in 64 .. 256. BK blocks
-    # per step when K = M*J > 64; up to 64, K is one step and A is loaded once per program.
-    # `sweep_mhla.py --mix` on the H200 (fifteenth session; the old kernel, one tile per program, in brackets):
-    # Wan 480p 27.6 us at 64 columns [35-39], SANA 4K 13.5 at 64, DiT-XL/2 512 px 9.6 at 256 [11.8]; each
-    # the sweep's best, per_sm 4 (at Wan 480p per_sm 2 took the same 27.6).
-    # fp32: the settings for fp32 inputs, whose IEEE products over a one-step K spill registers at 4 warps
-    # (ptxas for sm_90a under triton 3.6 and 3.8: 0.3-12 KB at 64 or 128 columns; none with these; over
-    # 16-block steps at most 12 bytes)
-    # lowp: bf16 summaries multiplied in bf16 (Mc rounded to bf16), not tf32 after an fp32 copy. Sixteenth session,
-    # the same sweep, each shape's best: Wan 480p 27.3 -> 11.0 us (the summaries' copy takes 11.1), SANA 4K 13.5 -> 5.8,
-    # DiT-XL/2 512 px 9.6 -> 9.2. 4 stages is Wan 480p's best (3: 11.3 us); SANA 4K's best has 3 (with 4: >= 6.2 us)
-    "mix": dict(acc=4096, BK=16, per_sm=4, warps=4, stages=4, lowp=True, fp32=dict(BX=64, warps=8, stages=3)),
-    # XT summary columns per program, BK per step (DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us
-    # against 1,024 and 32: sweep_mhla.py --mix, twelfth session). sum: how the per-program parts are added,
-    # "torch" (a reduction over the part axes; 10.2 us at Wan 480p under the profiler, fourteenth session),
-    # "triton" (part_sum_kernel, BR parts a step, BY outputs per program) or "auto": triton when its launch has at
-    # least sum_programs programs. mix_grad with the sum, sixteenth session: Wan 480p 26.6 us with torch's, 23.3 with
-    # part_sum_kernel (57 programs); SANA 4K 17.1 / 14.7 (64); DiT-XL/2 512 px 21.4 / 27.9 (4 programs)
-    "mix_grad": dict(XT=512, BK=64, warps=4, stages=3, sum="auto", sum_programs=32, BR=16, BY=64),
-}
-
-
 def summary_dtype(dtype):
     """Storage dtype of the per-block summaries: bf16 for bf16 inputs (the kernels' products round
     them to bf16 anyway), fp32 for fp32 and fp16 (whose range is too small for sums over a block)."""
@@ -107,34 +57,32 @@ def summary_dtype(dtype):
 def _lowp(name: str, dtype) -> bool:
     """Whether kernel ``name`` multiplies half-precision inputs in their own dtype (never fp32, nor in
     the CPU interpreter, whose half-precision dot is wrong)."""
-    return KERNEL_CONFIGS[name].get("lowp", False) and dtype != torch.float32 and not _interpreting()
+    return getattr(kernel_settings(name), "lowp", False) and dtype != torch.float32 and not _interpreting()
 
 
 def _prefetch(name: str) -> bool:
     """Whether chunked kernel ``name`` loads the next token step's ids during this step (``prefetch``)."""
-    return bool(KERNEL_CONFIGS[name].get("prefetch", False))
+    return kernel_settings(name).prefetch
 
 
 def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False):
-    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D. ``fp32``: fp32 inputs, which take
-    the kernel's ``fp32`` settings where it has them. ``fp32_rope``: fp32 inputs with RoPE, whose rotated
-    copies of the tiles need more shared memory (32-token steps from D=128, 16 at D=256: key_grad's 32-token
-    steps need 256 KiB there, `benchmarks/kernel_resources.py`). ``tokens``: the most tokens one program
-    walks, when known; when that is one token step, the kernel's ``one_step`` settings apply."""
-    c = KERNEL_CONFIGS[name]
-    if fp32 or fp32_rope:
-        c = {**c, **c.get("fp32", {})}
+    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D (settings.py: its launch settings).
+    ``fp32``: fp32 inputs, which take the kernel's ``fp32`` settings where it has them. ``fp32_rope``: fp32
+    inputs with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128,
+    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`).
+    ``tokens``: the most tokens one program walks, when known; when that is one token step, the kernel's
+    ``one_step`` warps and stages apply."""
+    c = kernel_settings(name).for_inputs(fp32=fp32 or fp32_rope)
     BD = max(16, triton.next_power_of_2(D))
     if BD < 128 or (BD == 128 and not fp32_rope):
-        BT = c["BT"]
+        BT = c.BT
     else:
-        BT = min(c["BT"], 16 if BD > 128 and fp32_rope else 32)
+        BT = min(c.BT, 16 if BD > 128 and fp32_rope else 32)
     # keep each program's D x TILE fp32 tiles within 128 x 128 (D = 256: 64 columns per program);
     # wider ones run out of shared memory on the H200 in fp32
-    TILE = min(BD, c["TILE"], 16384 // BD)
-    if tokens is not None and tokens <= BT:
-        c = {**c, **c.get("one_step", {})}
-    return BD, TILE, BT, c["warps"], c["stages"]
+    TILE = min(BD, c.TILE, 16384 // BD)
+    warps, stages = c.one_step_launch() if tokens is not None and tokens <= BT else (c.warps, c.stages)
+    return BD, TILE, BT, warps, stages
 
 
 def choose_splits(B, H, M, largest_block, D, device) -> int:
@@ -232,7 +180,7 @@ def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, larges
 def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, column_programs=None):
     """(B, H, M, X) in ``out_dtype`` = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M).
     ``column_programs``: programs per (batch, head, row tile), each walking every such-th column tile;
-    by default enough for KERNEL_CONFIGS["mix"]["per_sm"] programs per SM in all (off the GPU, as for one SM)."""
+    by default enough for the mix settings' ``per_sm`` programs per SM in all (off the GPU, as for one SM)."""
     B, H, K, X = src.shape
     M = mix.shape[-1]
     if K != M * J or not src.is_contiguous():
@@ -243,45 +191,42 @@ def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, colu
     if transpose:
         sai, saj = saj, sai
     out = _new((B, H, M, X), src, out_dtype)
-    c = KERNEL_CONFIGS["mix"]
-    if ieee:
-        c = {**c, **c.get("fp32", {})}
+    c = kernel_settings("mix").for_inputs(fp32=ieee)
     BM = min(64, max(16, triton.next_power_of_2(M)))
     one_k = K <= 64
-    BK = max(16, triton.next_power_of_2(K)) if one_k else c["BK"]
-    BX = c.get("BX") or min(256, max(64, c["acc"] // BM))  # (an explicit BX: fp32's, or the sweep's)
+    BK = max(16, triton.next_power_of_2(K)) if one_k else c.BK
+    BX = c.BX or min(256, max(64, c.acc // BM))  # (an explicit BX: fp32's, or the sweep's)
     row_tiles, col_tiles = triton.cdiv(M, BM), triton.cdiv(X, BX)
     if column_programs is None:
         sms = _num_sms(src.device.index or 0) if src.device.type == "cuda" else 1
-        column_programs = triton.cdiv(c["per_sm"] * sms, B * H * row_tiles)
+        column_programs = triton.cdiv(c.per_sm * sms, B * H * row_tiles)
     elif column_programs < 1:
         raise ValueError(f"column_programs={column_programs} must be at least 1")
     P = min(column_programs, col_tiles)
     mix_kernel[(B * H, P, row_tiles)](
         m, src, out, sah, sai, saj, H, M, K, J, P, X, BM=BM, BK=BK, BX=BX, ONE_K=one_k, IEEE=ieee,
-        LOWP=_lowp("mix", src.dtype) and not ieee, num_warps=c["warps"], num_stages=c["stages"])
+        LOWP=_lowp("mix", src.dtype) and not ieee, num_warps=c.warps, num_stages=c.stages)
     return out
 
 
 def launch_mix_grad(dmixed, block_sz, per_head, ieee):
     """dMc: (H, M, M) per head or (M, M) shared, = sum over batch (and heads) of dS~ @ S^T."""
     B, H, M, X = dmixed.shape
-    c = KERNEL_CONFIGS["mix_grad"]
-    XT = c["XT"]
+    c = kernel_settings("mix_grad")
+    XT = c.XT
     NT = triton.cdiv(X, XT)
     BM = min(64, max(16, triton.next_power_of_2(M)))
     part = torch.empty((B, H, NT, M, M), device=dmixed.device, dtype=torch.float32)
     mix_grad_kernel[(B * H, NT, triton.cdiv(M, BM) ** 2)](
-        dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c["BK"], IEEE=ieee, num_warps=c["warps"],
-        num_stages=c["stages"])
+        dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c.BK, IEEE=ieee, num_warps=c.warps,
+        num_stages=c.stages)
     groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
-    grid = (triton.cdiv(M * M, c["BY"]), heads)
-    how = c.get("sum", "torch")
-    if how == "torch" or (how == "auto" and grid[0] * heads < c["sum_programs"]):
+    grid = (triton.cdiv(M * M, c.BY), heads)
+    if c.sum == "torch" or (c.sum == "auto" and grid[0] * heads < c.sum_programs):
         return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
     out = _new((H, M, M) if per_head else (M, M), dmixed, torch.float32)
     part_sum_kernel[grid](
-        part, out, groups, rows, H * NT, NT if per_head else 0, M * M, BR=c["BR"], BY=c["BY"])
+        part, out, groups, rows, H * NT, NT if per_head else 0, M * M, BR=c.BR, BY=c.BY)
     return out
 
 
@@ -316,23 +261,23 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
     """The dense kernel's tile constants for these inputs: the head-dim tiles BD (+ BD2), queries BT and
     keys BS per step, DEN_COL (the denominator as a padding column of v, where there is one), and the
     launch's warps and stages."""
-    c = KERNEL_CONFIGS["dense"]
+    c = kernel_settings("dense")
     den_col = normalize and not rope
     fp32 = dtype == torch.float32
     # two head-dim tiles for half-precision inputs only: fp32 tiles in two pieces spill registers
     # (`benchmarks/kernel_resources.py --head-dim 72 --dense-variants`), and fp32 is not the fast path
     BD, BD2 = dense_head_pieces(D, den_col) if not fp32 else (max(16, triton.next_power_of_2(D)), 0)
-    BT = 32 if BD > 128 else (min(c["BT"], 64) if fp32 else c["BT"])
+    BT = 32 if BD > 128 else (min(c.BT, 64) if fp32 else c.BT)
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
     # and 32-key steps at D=256 (234 KiB; 16 keys: 150 KiB, `benchmarks/kernel_resources.py --dense-variants`)
     if BD < 128 or (BD == 128 and not (rope and fp32)):
-        BS = c["BS"]
+        BS = c.BS
     else:
         BS = 16 if BD > 128 and rope and fp32 else 32
-    warps, stages = c["warps"], c["stages"]
+    warps, stages = c.warps, c.stages
     if BD2:  # both pieces below 128 columns: settings of their own
-        split = KERNEL_CONFIGS["dense_split"]
-        BT, BS, warps, stages = split["BT"], split["BS"], split["warps"], split["stages"]
+        split = kernel_settings("dense_split")
+        BT, BS, warps, stages = split.BT, split.BS, split.warps, split.stages
         if rope:  # its rotated copies: 64-key steps spill 264 bytes at D = 72 (32: 8; kernel_resources.py)
             BS = min(BS, 32)
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, DEN_COL=den_col and D < BD + BD2,
@@ -342,7 +287,7 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
     B, N, H, D = q.shape
     M = math.prod(blocks)
-    c = KERNEL_CONFIGS["dense"]
+    onehot = kernel_settings("dense").onehot
     tiles = dense_settings(D, q.dtype, cos is not None, normalize)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
     BM = max(16, triton.next_power_of_2(M))
@@ -354,7 +299,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     dense_forward_kernel[(B * H, triton.cdiv(N, tiles["BT"]))](
         q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
         *row_strides(q, al), *row_strides(k, al), *row_strides(v, al), *row_strides(o, al), *tstrides,
-        N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale, **tiles, BM=BM, ONEHOT=c["onehot"] and M <= 128,
+        N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale, **tiles, BM=BM, ONEHOT=onehot and M <= 128,
         FEATURE=fcode, NORMALIZE=normalize,
         DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, num_warps=warps, num_stages=stages)
     return o
@@ -444,12 +389,15 @@ class _MHLAFunction(torch.autograd.Function):
         grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = args
         ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
         ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
+        # the backward may run on another thread (autograd's GPU workers): it takes the forward's settings
+        ctx.settings = current_settings()
         return o
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
-        grads = backward_impl(g, q, k, v, mix, o, sz, mixed, *ctx.args, cos, sin)
+        with use_settings(ctx.settings):
+            grads = backward_impl(g, q, k, v, mix, o, sz, mixed, *ctx.args, cos, sin)
         return (*grads,) + (None,) * 10
 
 
