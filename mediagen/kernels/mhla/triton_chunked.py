@@ -18,26 +18,28 @@ leaves the compiler unable to prove the column masks constant over 8 lanes, and 
 of a token row falls back to 2-byte accesses. The summary row length X = D*D + D is one too in the
 kernels that read summaries (apply, query_grad, key_grad and triton_mix.py's), for the same reason:
 Triton marks a run-time int 16-divisible only when it is (X = 16,512 at D = 128 is, 5,256 at D = 72 is
-not), and then every S~ / dS row was read in 2-byte loads (129 per thread in apply instead of 16 of 16
-bytes, `benchmarks/kernel_resources.py`). The summary kernel keeps a run-time X on purpose: its 16-byte
-stores first move the accumulator out of the tensor-core layout through shared memory, and at DiT-XL/2
-512 px that made it 200 us against 119 us with 2-byte stores (H200, benchmarks/RESULTS.md).
+not), and with a run-time X every S~ / dS row is read in 2-byte loads (129 per thread in apply instead of 16
+of 16 bytes, `benchmarks/kernel_resources.py`). The summary kernel keeps a run-time X on purpose: 16-byte
+stores would first move the accumulator out of the tensor-core layout through shared memory, which at
+DiT-XL/2 512 px takes 200 us against 119 us with 2-byte stores (H200, benchmarks/RESULTS.md, MHLA
+attention operation).
 AL: the batch, token and head strides of q, k, v and their outputs arrive divided by AL (a power of two up to
 16 dividing all of them, triton_op.stride_unit) and are multiplied back here, so that the compiler knows
 each token row starts 16-byte aligned. Without it, at DiT's head dim 72 the head stride 72 is not one
-Triton marks 16-divisible at launch, and every q, k, v, o row moved in 2-byte accesses
+Triton marks 16-divisible at launch, and every q, k, v, o row moves in 2-byte accesses
 (`benchmarks/kernel_resources.py` counts them: 129 per thread in apply, 257 in key_grad).
 Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU interpreter, whose
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
 Row sums run on the tensor cores as products with a one-hot column (``first_column``): z = sum phi(k_s)
 is phi(K)^T e_0 summed over the 16 columns; with half-precision products (LOWP) apply's q.z~ is
-q [z_hi | z_lo | 0..] (``hi_lo_columns``). On the H200 (Wan 480p, benchmarks/RESULTS.md) the cross-lane
-reductions they replace cost more than a tenth of each kernel. (query_grad keeps its sums: the same
-products there, with 8 warps, computed wrong dz~ and faulted on the H200 under triton 3.6.)
+q [z_hi | z_lo | 0..] (``hi_lo_columns``): on the H200 at Wan 480p cross-lane reductions cost more than a
+tenth of each kernel (benchmarks/RESULTS.md, MHLA attention operation). query_grad keeps cross-lane sums:
+the same products there, with 8 warps, compute wrong dz~ and fault on the H200 under triton 3.6.
 PREFETCH: a program walks its block's sorted token list in steps of BT, and each step's rows are addressed
-by ids loaded from that list; with PREFETCH the ids of the next step are loaded during this one, so a step no
-longer starts with a dependent round trip (ids, then rows). On the H200 it pays in summary and query_grad
-and not in apply and key_grad (KERNEL_CONFIGS, benchmarks/RESULTS.md).
+by ids loaded from that list; with PREFETCH the ids of the next step are loaded during this one, so a step
+does not start with a dependent round trip (ids, then rows). On the H200 it pays in summary and query_grad
+and not in apply and key_grad (the ``prefetch`` launch setting, settings.py; benchmarks/RESULTS.md, kernel
+launch settings).
 The summaries are stored in bf16 for bf16 inputs (their products already round to bf16) and fp32
 otherwise (fp16's range is too small for sums over a block).
 """

@@ -3,8 +3,9 @@
 mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~ = Mc S, or Mc^T dS~)
                   J token splits of a block are summed by the same product. src and out may be bf16
                   (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE), or with
-                  ``lowp`` (the default since the sixteenth session: Wan 480p 27.3 -> 11.0 us on the H200)
-                  bf16 x bf16 for bf16 summaries, Mc rounded to bf16.
+                  LOWP (the ``lowp`` launch setting, on by default) bf16 x bf16 for bf16 summaries, Mc rounded
+                  to bf16: 11.0 vs 27.3 us at Wan 480p on the H200 (benchmarks/RESULTS.md, kernel launch
+                  settings).
                   Each program owns a row tile and walks every P-th column tile (P column programs, a few
                   programs per SM in all): A is read once per program when K fits one step (not once per
                   column tile), and each program streams long enough for the pipeline to overlap its loads.
