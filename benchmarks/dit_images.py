@@ -3,25 +3,22 @@ eager and torch.compile, at 256 px (32x32 latents, 256 tokens) and 512 px (64x64
 
 Uses diffusers' stock ``DiTTransformer2DModel`` (random weights) converted by ``mediagen.convert``.
 
-    python benchmarks/dit_images.py                 # both sizes, batch 32 images (64 with CFG)
-    python benchmarks/dit_images.py --tiny          # CPU smoke run of the whole script
+    python -m benchmarks.dit_images                 # both sizes, batch 32 images (64 with CFG)
+    python -m benchmarks.dit_images --tiny          # CPU smoke run of the whole script
+
+(run from the repository root, as a module: it imports benchmarks.model_timing)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo, when mediagen is not installed
-from model_timing import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,  # noqa: E402
-                          time_ms)
-
-import mediagen  # noqa: E402
-from mediagen.models.presets import build_transformer  # noqa: E402
+import mediagen
+from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
+from mediagen.eval.timing import measure
+from mediagen.models.presets import build_transformer
 
 VARIANTS = ("sdpa", "mhla", "linear", "projections-only")  # projections-only: model_timing.ProjectionsOnly
 
@@ -80,7 +77,7 @@ def main(argv=None):
                     with torch.no_grad():
                         fn(x, timestep=t, class_labels=y, return_dict=False)
 
-                ms = time_ms(step, device, args.warmup, args.iters)
+                ms = measure(step, device, warmup=args.warmup, repeats=args.iters).median_ms
                 ips = args.batch / (ms / 1e3)
                 base.setdefault(mode, ips if variant == "sdpa" else None)
                 rel = f"{ips / base[mode]:.2f}x" if base.get(mode) else "-"

@@ -20,10 +20,10 @@ case $part in
 all)
   run gpu_tests 80 python3 -m pytest -q tests/test_mhla_triton.py -k "real_sizes or half or alternative or several or compiles or dispatch"
   run attention 190 python3 benchmarks/attention.py --out "$out/attention.md"
-  run wan_layer 45 python3 benchmarks/wan_model.py --skip-model --modes eager
-  run wan_model 100 python3 benchmarks/wan_model.py --sizes 81x480x832 --modes eager --skip-layer --blocks 3,5,4
-  run dit 55 python3 benchmarks/dit_images.py --modes eager
-  run text 80 python3 benchmarks/text_encoders.py --iters 5
+  run wan_layer 45 python3 -m benchmarks.wan_model --skip-model --modes eager
+  run wan_model 100 python3 -m benchmarks.wan_model --sizes 81x480x832 --modes eager --skip-layer --blocks 3,5,4
+  run dit 55 python3 -m benchmarks.dit_images --modes eager
+  run text 80 python3 -m benchmarks.text_encoders --iters 5
   ;;
 hla)  # the HLA text-encoder path: GPU tests, one layer stage by stage and per kernel, readout launch
       # settings, whole encoders eager and replayed as CUDA graphs (about 6 minutes)
@@ -31,13 +31,13 @@ hla)  # the HLA text-encoder path: GPU tests, one layer stage by stage and per k
   run hla_profile 90 python3 benchmarks/profile_hla.py --tokens 32768 --kernels
   run hla_profile_top8c 60 python3 benchmarks/profile_hla.py --tokens 32768 --top-k 8 --route chunk
   run hla_readout_sweep 100 python3 benchmarks/sweep_hla_readout.py --rep 100
-  run hla_encode 120 python3 benchmarks/text_encoders.py --only encode --attentions sdpa hla hla-top8c \
+  run hla_encode 120 python3 -m benchmarks.text_encoders --only encode --attentions sdpa hla hla-top8c \
     --lengths 4096 32768 --batches 1 16 --iters 5 --graph --out "$out/encode.md"
   ;;
 mix)  # the block-mixing kernels: GPU tests, the sweep (column widths, programs per SM, bf16 products, how
       # mix_grad's parts are summed), then the op at Wan 480p beside cuDNN (about 8 minutes)
   run mix_tests 90 python3 -m pytest -q tests/test_mhla_triton.py -k "mix or real_sizes"
-  run mix_sweep 330 python3 benchmarks/sweep_mhla.py --mix
+  run mix_sweep 330 python3 -m benchmarks.sweep_mhla --mix
   run attention_wan 60 python3 benchmarks/attention.py --methods "mhla triton,sdpa cudnn" \
     --shapes "Wan2.1-1.3B 81f 480x832" --out "$out/attention.md"
   ;;

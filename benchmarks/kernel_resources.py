@@ -1,10 +1,12 @@
 """Registers, spills and shared memory of each MHLA Triton kernel at its shipped launch settings,
 compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas reports them.
 
-    python benchmarks/kernel_resources.py [--head-dim 128] [--kernels summary,query_grad]
-    python benchmarks/kernel_resources.py --head-dim 256 --dense-variants   # every dense-kernel tiling
-    python benchmarks/kernel_resources.py --head-dim 256 --fp32-rope        # the largest chunked tiles
-    python benchmarks/kernel_resources.py --head-dim 72 --fp32              # fp32 inputs (exact fp32 dots)
+    python -m benchmarks.kernel_resources [--head-dim 128] [--kernels summary,query_grad]
+    python -m benchmarks.kernel_resources --head-dim 256 --dense-variants   # every dense-kernel tiling
+    python -m benchmarks.kernel_resources --head-dim 256 --fp32-rope        # the largest chunked tiles
+    python -m benchmarks.kernel_resources --head-dim 72 --fp32              # fp32 inputs (exact fp32 dots)
+
+(from the repository root, as a module)
 
 The last column counts global loads and stores that move one 2-byte element per instruction (from the
 PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way. Token tensors are laid
@@ -29,11 +31,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mediagen.kernels.mhla import triton_op as T  # noqa: E402
-from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel, query_grad_kernel,  # noqa: E402
+from mediagen.kernels.mhla import triton_op as T
+from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel, query_grad_kernel,
                                                   summary_kernel)
-from mediagen.kernels.mhla.triton_dense import dense_forward_kernel  # noqa: E402
+from mediagen.kernels.mhla.triton_dense import dense_forward_kernel
 
 REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # pointer arguments and their element types for bf16 inputs (every summary, mixed or not, and their
@@ -89,7 +90,7 @@ def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict
     by_regs = REGISTERS_PER_SM // (32 * warps * regs)
     by_smem = SMEM_PER_SM // smem if smem else by_regs
     # global loads and stores of one 2-byte element per instruction: a row that could not be proven 16-byte
-    # aligned (a run-time length not divisible by 16, as the summary rows' D*D + D once was at D = 72)
+    # aligned (a run-time length not divisible by 16, such as the summary rows' D*D + D at D = 72)
     narrow = len(re.findall(r"\b(?:ld|st)\.global(?:\.\w+)*\.[bu]16\b", kernel.asm["ptx"]))
     return dict(registers=regs, spill_bytes=int(spill.group(1)) if spill else 0, shared_bytes=smem, narrow=narrow,
                 warps=warps, stages=stages, ctas_per_sm=min(by_regs, by_smem))

@@ -1,32 +1,9 @@
-"""Timing helpers for the whole-model benchmarks (wan_model.py, dit_images.py)."""
+"""Helpers shared by the whole-model benchmarks (wan_model.py, dit_images.py); their timing is
+mediagen.eval.timing.measure."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
-
-
-def time_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
-    """Median wall time of ``fn()`` in ms (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def reset_compiler() -> None:

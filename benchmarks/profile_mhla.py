@@ -1,18 +1,14 @@
 """Per-kernel GPU times of the Triton MHLA (torch.profiler), eager vs CUDA-graph replay times.
 
-    python benchmarks/profile_mhla.py
+    python -m benchmarks.profile_mhla      (from the repository root, as a module)
 """
-
-import os
-import sys
 
 import torch
 import triton.testing
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mediagen.attention.mhla import locality_mix  # noqa: E402
-from mediagen.eval.attention_bench import GPU_SHAPES  # noqa: E402
-from mediagen.kernels.mhla.triton_op import mhla_triton  # noqa: E402
+from mediagen.attention.mhla import locality_mix
+from mediagen.eval.attention_bench import GPU_SHAPES
+from mediagen.kernels.mhla.triton_op import mhla_triton
 
 
 def main():

@@ -1,8 +1,10 @@
 """Sequence parallelism on 2 GPUs (issue 9): MHLA sharded by whole blocks against softmax attention
 sharded Ulysses-style, per attention layer and for a Wan2.1-1.3B-sized transformer.
 
-    torchrun --nproc_per_node 2 benchmarks/sequence_parallel.py --out OUT                        # 2 GPUs, NCCL
-    torchrun --nproc_per_node 2 benchmarks/sequence_parallel.py --backend gloo --small --out OUT # CPU smoke run
+    torchrun --nproc_per_node 2 -m benchmarks.sequence_parallel --out OUT                        # 2 GPUs, NCCL
+    torchrun --nproc_per_node 2 -m benchmarks.sequence_parallel --backend gloo --small --out OUT # CPU smoke run
+
+(from the repository root, as a module)
 
 Rank 0 prints markdown tables and writes OUT/sequence_parallel.md and OUT/sequence_parallel.json:
 
@@ -25,8 +27,8 @@ handed to it. "sent per rank" is what leaves one rank under the usual algorithms
 (P-1) x its input, reduce-scatter and all-to-all (P-1)/P x the input, all-reduce 2(P-1)/P x the
 input. The JSON keeps every collective's op name, count, payload and bytes sent.
 
-Times are medians of CUDA-event timings (wall clock on CPU) after warm-up; a 2-rank time is the
-larger of the two ranks' medians, each call starting after a barrier.
+Times are medians of mediagen.eval.timing.measure (CUDA events on a GPU, wall clock on CPU) after
+warm-up; a 2-rank time is the larger of the two ranks' medians, each call starting after a barrier.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import gc
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -186,25 +187,10 @@ class Run:
     def time_ms(self, fn, together: bool) -> float:
         """Median ms of fn(); together: every rank calls it (after a barrier each time) and the
         slower rank's median is returned. Otherwise only the calling rank runs it."""
-        for _ in range(self.args.warmup):
-            fn()
-        times = []
-        for _ in range(self.args.repeats):
-            if together:
-                self.barrier()
-            self.sync()
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize(self.device)
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        ms = statistics.median(times)
+        from mediagen.eval.timing import measure
+
+        ms = measure(fn, self.device, warmup=self.args.warmup, repeats=self.args.repeats,
+                     before_each=self.barrier if together else None).median_ms
         return self.max_over_ranks(ms) if together else ms
 
     def solo(self, fn):
@@ -625,7 +611,6 @@ def main(argv=None):
     args = parse_args(argv)
     if args.backend == "gloo":  # the Triton kernels run in their interpreter on CPU tensors
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when mediagen is not installed
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if args.backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -645,7 +630,7 @@ def main(argv=None):
         result = dict(date=str(datetime.date.today()), device=device, backend=args.backend, world=run.world,
                       dtype=str(args.dtype), torch=torch.__version__, small=args.small, blocks=list(args.blocks),
                       warmup=args.warmup, repeats=args.repeats,
-                      command=f"torchrun --nproc_per_node {run.world} benchmarks/sequence_parallel.py "
+                      command=f"torchrun --nproc_per_node {run.world} -m benchmarks.sequence_parallel "
                               + " ".join(sys.argv[1:]))
         if run.rank == 0:
             print(f"{device}, {run.world} ranks, {args.backend}, {args.dtype}, torch {torch.__version__}", flush=True)

@@ -2,26 +2,26 @@
 the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
 ``mediagen.kernels.mhla.launch_settings``, so nothing outside the sweep sees it.
 
-    python benchmarks/sweep_mhla.py [--quick]
-    python benchmarks/sweep_mhla.py --mix      # only the block-mixing kernels' settings (mix and mix_grad)
-    python benchmarks/sweep_mhla.py --kernels query_grad,key_grad   # only these, at Wan 480p
-    python benchmarks/sweep_mhla.py --kernels summary,apply --shape "DiT-XL/2 512px"   # at another shape
-    python benchmarks/sweep_mhla.py --dense    # only the dense kernel's tiles, DiT shapes
+    python -m benchmarks.sweep_mhla [--quick]
+    python -m benchmarks.sweep_mhla --mix      # only the block-mixing kernels' settings (mix and mix_grad)
+    python -m benchmarks.sweep_mhla --kernels query_grad,key_grad   # only these, at Wan 480p
+    python -m benchmarks.sweep_mhla --kernels summary,apply --shape "DiT-XL/2 512px"   # at another shape
+    python -m benchmarks.sweep_mhla --dense    # only the dense kernel's tiles, DiT shapes
+
+(from the repository root, as a module)
 """
 
 import argparse
 import itertools
 import math
 import os
-import sys
 
 import torch
 import triton.testing
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mediagen.attention.mhla import locality_mix  # noqa: E402
-from mediagen.eval.attention_bench import GPU_SHAPES  # noqa: E402
-from mediagen.kernels.mhla import kernel_settings, launch_settings, layout, triton_op as T  # noqa: E402
+from mediagen.attention.mhla import locality_mix
+from mediagen.eval.attention_bench import GPU_SHAPES
+from mediagen.kernels.mhla import kernel_settings, launch_settings, layout, triton_op as T
 
 
 def timed(fn):

@@ -1,12 +1,13 @@
 """Text-encoder benchmarks: encoding latency per attention, decode latency per token with a cache
 (MLRA vs MHA), HLA chunk skipping's effect, and (optionally) distilled encoders' quality.
 
-Prints markdown tables (and appends them to --out). On a GPU:
-    python benchmarks/text_encoders.py --out benchmarks/RESULTS.md --distill-steps 1000
+Prints markdown tables (and appends them to --out). Run from the repository root as a module. On a GPU:
+    python -m benchmarks.text_encoders --out benchmarks/RESULTS.md --distill-steps 1000
 On a CPU, end to end in about a minute with tiny shapes:
-    python benchmarks/text_encoders.py --tiny
+    python -m benchmarks.text_encoders --tiny
 Only some tables, e.g. MLRA decode against MHA at 4K-128K context:
-    python benchmarks/text_encoders.py --only decode --out benchmarks/RESULTS.md
+    python -m benchmarks.text_encoders --only decode --out benchmarks/RESULTS.md
+Times are medians of mediagen.eval.timing.measure (CUDA events on a GPU; the graph columns replay CUDA graphs).
 
 Work to expect: HLA's walk over all earlier chunks is about (N/C)^2/2 chunk pairs, each two
 (C x d) @ (d x d) GEMMs per head; at 32K tokens with C = 256 that is 8,128 pairs, roughly half the
@@ -22,15 +23,14 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mediagen.attention import MLRAttention, MultiHeadSelfAttention  # noqa: E402
+from mediagen.eval.timing import measure  # noqa: E402
 from mediagen.kernels.hla import fla_available  # noqa: E402
 from mediagen.models.text_encoders import MediagenTextEncoder  # noqa: E402
 
@@ -54,23 +54,9 @@ TINY_DECODE = {"tiny 4x8": (32, 4)}
 TABLES = ("encode", "decode", "skipping")                            # latency tables, for --only
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed(fn, device, warmup: int, iters: int) -> float:
     """Median milliseconds of fn() over ``iters`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return measure(fn, device, warmup=warmup, repeats=iters).median_ms
 
 
 def run_or_oom(fn):
@@ -140,10 +126,8 @@ def graph_timed(fn, device, iters: int):
     overhead; None off CUDA or when fn cannot be captured)."""
     if device.type != "cuda":
         return None
-    import triton.testing
-
     try:
-        return triton.testing.do_bench_cudagraph(fn, rep=max(20, 4 * iters), return_mode="median")
+        return measure(fn, device, warmup=1, repeats=max(5, iters), graph=True).median_ms
     except Exception as err:  # e.g. a host sync inside fn
         print(f"no CUDA graph: {type(err).__name__}: {str(err).splitlines()[0][:80]}", flush=True)
         return None

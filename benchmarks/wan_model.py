@@ -7,9 +7,11 @@ the plain MHLA layers see no token positions at all, since Wan's only position s
 Uses diffusers' stock ``WanTransformer3DModel`` (random weights) converted by ``mediagen.convert``.
 Prints markdown tables (append them to benchmarks/RESULTS.md).
 
-    python benchmarks/wan_model.py                               # 81 frames 480x832, then 720x1280
-    python benchmarks/wan_model.py --sizes 81x480x832 --modes eager --skip-layer
-    python benchmarks/wan_model.py --tiny                        # CPU smoke run of the whole script
+    python -m benchmarks.wan_model                               # 81 frames 480x832, then 720x1280
+    python -m benchmarks.wan_model --sizes 81x480x832 --modes eager --skip-layer
+    python -m benchmarks.wan_model --tiny                        # CPU smoke run of the whole script
+
+(run from the repository root, as a module: it imports benchmarks.model_timing)
 """
 
 from __future__ import annotations
@@ -17,22 +19,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import sys
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo, when mediagen is not installed
-from model_timing import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,  # noqa: E402
-                          time_ms)
-
-import mediagen  # noqa: E402
-from mediagen.models.attention_spec import AttentionSpec  # noqa: E402
-from mediagen.models.latent_grid import LatentGrids  # noqa: E402
-from mediagen.models.presets import build_transformer, preset  # noqa: E402
-from mediagen.models.processors import WanMHLAProcessor  # noqa: E402
+import mediagen
+from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
+from mediagen.eval.timing import measure
+from mediagen.models.attention_spec import AttentionSpec
+from mediagen.models.latent_grid import LatentGrids
+from mediagen.models.presets import build_transformer, preset
+from mediagen.models.processors import WanMHLAProcessor
 
 VARIANTS = ("sdpa", "sdpa-flash", "mhla", "mhla-rope", "hybrid", "hybrid-rope", "projections-only", "no-self-attn")
 
@@ -97,7 +94,7 @@ def whole_model(args, device, dtype):
                         fn(x, t, text, return_dict=False)
 
                 torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
-                ms = time_ms(step, device, args.warmup, args.iters)
+                ms = measure(step, device, warmup=args.warmup, repeats=args.iters).median_ms
                 base.setdefault(compiled, ms if variant == "sdpa" else None)
                 speedup = f"{base[compiled] / ms:.2f}x" if base.get(compiled) else "-"
                 breaks = graph_breaks() if compiled else "-"
@@ -143,7 +140,7 @@ def one_layer(args, device, dtype):
             with torch.no_grad():
                 attn(x, None, None, rotary)
 
-        ms = time_ms(step, device, args.warmup, args.iters * 4)
+        ms = measure(step, device, warmup=args.warmup, repeats=args.iters * 4).median_ms
         base = base or ms
         label = kind if kind != "mhla" else f"mhla {'x'.join(map(str, blocks))}" + (" rope" if rope_mode != "none" else "")
         rows.append([label, n, f"{ms:.3f}", f"{base / ms:.2f}x"])

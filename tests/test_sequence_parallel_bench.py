@@ -15,7 +15,7 @@ def test_sequence_parallel_benchmark_smoke_run(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(REPO / "benchmarks" / "sequence_parallel.py"), "--backend", "gloo", "--small",
+           "-m", "benchmarks.sequence_parallel", "--backend", "gloo", "--small",
            "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

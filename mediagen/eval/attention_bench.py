@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +16,7 @@ import torch.nn.functional as F
 
 from ..attention.mhla import locality_mix
 from ..kernels import mhla, mhla_reference
+from .timing import measure
 
 
 @dataclass(frozen=True)
@@ -55,17 +54,7 @@ def _timer(device: torch.device, warmup_ms: float, rep_ms: float):
 
         return lambda fn: triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
-    def cpu_time(fn):
-        fn()
-        times = []
-        deadline = time.perf_counter() + rep_ms / 1e3
-        while len(times) < 3 or time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-
-    return cpu_time
+    return lambda fn: measure(fn, device, warmup=1, repeats=3, budget_ms=rep_ms).median_ms
 
 
 def copy_bandwidth(device, timer) -> float:

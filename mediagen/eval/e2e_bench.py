@@ -9,27 +9,13 @@ token grid, N, the attention and the forward time in ms (median of repeats).
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import torch
 
+from .timing import measure
+
 GPU_GRIDS = [(3, 30, 52), (6, 30, 52), (11, 30, 52), (21, 30, 52)]  # 9..81 frames at 480x832
 CPU_GRIDS = [(1, 8, 8), (2, 8, 8), (4, 8, 8), (4, 16, 16)]
-
-
-def _time_ms(fn, device, repeats: int) -> float:
-    fn()  # warm-up (and compilation, if any)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def bench_end_to_end(device="cpu", dtype=torch.float32, preset: str | None = None, grids=None,
@@ -65,7 +51,7 @@ def bench_end_to_end(device="cpu", dtype=torch.float32, preset: str | None = Non
 
             row = {"model": preset, "grid": "x".join(map(str, grid)), "N": math.prod(grid), "method": attention}
             try:
-                row["fwd_ms"] = _time_ms(forward, device, repeats)
+                row["fwd_ms"] = measure(forward, device, warmup=1, repeats=repeats).median_ms  # warm-up: compilation
             except Exception as err:  # e.g. out of memory for softmax at the largest grid
                 row["fwd_ms"], row["note"] = None, type(err).__name__ + ": " + str(err).splitlines()[0][:60]
             rows.append(row)
