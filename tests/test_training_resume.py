@@ -1,5 +1,9 @@
 """A run killed at any moment resumes with the losses it would have had; a kill during a checkpoint
-save never leaves a torn checkpoint. Each case runs training in a subprocess that SIGKILLs itself."""
+save never leaves a torn checkpoint; metrics.jsonl keeps one line per step across resumes; `mediagen
+train` exits 3 when stopped early (resumable) and 0, saying so, when there is nothing left to train.
+Each case runs `mediagen train` in a subprocess that can SIGKILL or SIGTERM itself."""
+
+import json
 
 import subprocess
 import sys
@@ -9,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from mediagen.training.checkpoint import common_step, list_checkpoints, read_optimizer, read_state
-from training_helpers import TINY_DIT, read_losses, run_training_process, steps_logged
+from mediagen.training.trainer import trim_metrics
+from training_helpers import DONE, STOPPED, TINY_DIT, read_losses, run_training_process, steps_logged
 
 ARGS = [*TINY_DIT, "train.max_steps=12", "checkpoint.every=4", "checkpoint.keep_last=5", "optim.ema_decay=0.9",
         "optim.warmup_steps=3", "optim.schedule=cosine"]
@@ -27,8 +32,9 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, full):
     killed = tmp_path / "killed"
     assert run_training_process([f"output_dir={killed}", *ARGS], KILL_AT=7) == -9
     assert steps_logged(killed) == list(range(1, 8))
-    assert run_training_process([f"output_dir={killed}", *ARGS, "checkpoint.resume=latest"]) == 0
-    assert steps_logged(killed)[7:] == list(range(5, 13))          # really resumed from step 4
+    rc, said = run_training_process([f"output_dir={killed}", *ARGS, "checkpoint.resume=latest"], output=True)
+    assert rc == DONE and "(step 4)" in said                       # really resumed from step 4
+    assert steps_logged(killed) == list(range(1, 13))              # steps 5..7 logged once, by the resumed run
     a, b = read_losses(full), read_losses(killed)
     assert a == b                                                  # bitwise, steps 1..12
     assert len(set(a.values())) == 12
@@ -60,26 +66,52 @@ def test_kill_during_save_leaves_no_torn_checkpoint(tmp_path, full):
 def test_time_limit_checkpoints_stops_and_resumes_identically(tmp_path, full):
     out = tmp_path / "timed"
     # a limit already past after the first step: checkpoint at step 1, stop, no final pipeline
-    assert run_training_process([f"output_dir={out}", *ARGS, "train.time_limit_minutes=1e-6"]) == 0
+    rc, said = run_training_process([f"output_dir={out}", *ARGS, "train.time_limit_minutes=1e-6"], output=True)
+    assert rc == STOPPED and "stopped at step 1 of 12" in said and "checkpoint.resume=latest" in said
     assert steps_logged(out) == [1]
     assert [s for s, _ in list_checkpoints(out)] == [1]
     assert not (out / "pipeline").exists()
-    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == 0
+    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == DONE
     assert steps_logged(out) == list(range(1, 13))
     assert read_losses(out) == read_losses(full)
     assert (out / "pipeline" / "model_index.json").is_file()
+    # the finished run started again, or asked for fewer steps than it has: nothing to train, said so;
+    # metrics, checkpoints and config.yaml stay as they are
+    before = {p: p.read_bytes() for p in (out / "metrics.jsonl", out / "config.yaml")}
+    for max_steps in (12, 8):
+        rc, said = run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest",
+                                         f"train.max_steps={max_steps}"], output=True)
+        assert rc == DONE
+        assert f"already at step 12 (train.max_steps={max_steps}): nothing to train" in said
+    assert {p: p.read_bytes() for p in before} == before
+    assert [s for s, _ in list_checkpoints(out)][-1] == 12
 
 
 def test_sigterm_checkpoints_stops_and_resumes_identically(tmp_path, full):
     out = tmp_path / "terminated"
     # SIGTERM after step 5 (no checkpoint due): the flag is seen at the end of step 6, which is saved
-    assert run_training_process([f"output_dir={out}", *ARGS], TERM_AT=5) == 0
+    rc, said = run_training_process([f"output_dir={out}", *ARGS], TERM_AT=5, output=True)
+    assert rc == STOPPED and "SIGTERM received at step 6 of 12" in said
     assert steps_logged(out) == list(range(1, 7))
     assert [s for s, _ in list_checkpoints(out)] == [4, 6]
     assert not (out / "pipeline").exists()
-    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == 0
+    assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == DONE
     assert steps_logged(out) == list(range(1, 13))
     assert read_losses(out) == read_losses(full)
+
+
+def test_trim_metrics_keeps_the_steps_up_to_the_checkpoint(tmp_path):
+    """Lines past the step a run restarts from go, and so does a line cut short by a kill; the file is
+    replaced by a rename (no temporary left behind)."""
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 8)]
+    path.write_text("\n".join(lines) + '\n{"step": 8, "lo')
+    trim_metrics(path, 4)
+    assert path.read_text() == "\n".join(lines[:4]) + "\n"
+    trim_metrics(path, 0)                                          # a run started from scratch
+    assert path.read_text() == ""
+    trim_metrics(tmp_path / "absent.jsonl", 3)                     # a first run: nothing to trim
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 def test_common_step_is_the_last_step_every_run_saved(tmp_path):

@@ -23,10 +23,12 @@ def tiny_config(out, base, *extra):
 
 
 def read_losses(output_dir) -> dict[int, float]:
-    """Per-step losses from metrics.jsonl (a resumed run repeats steps: the last line wins)."""
+    """Per-step losses from metrics.jsonl, which holds one line per step, in order (a resumed run drops
+    the lines past its checkpoint before it appends): a repeated or out-of-order step fails."""
     out = {}
     for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
+        assert row["step"] > max(out, default=0), f"step {row['step']} logged after step {max(out)}"
         out[row["step"]] = row["loss"]
     return out
 
@@ -35,12 +37,15 @@ def steps_logged(output_dir) -> list[int]:
     return [json.loads(l)["step"] for l in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-# A training process that SIGKILLs itself at a chosen point: after step KILL_AT, or inside the
-# checkpoint writer (KILL_IN=publish: all files written, not yet renamed; KILL_IN=write_main: after
-# the weights file, before the optimizer state). TERM_AT: sends itself SIGTERM after that step instead.
+# `mediagen train` (through mediagen.cli.main, so its exit status is the command's) on an empty YAML
+# file plus the dotlist given, in a process that SIGKILLs itself at a chosen point: after step KILL_AT,
+# or inside the checkpoint writer (KILL_IN=publish: all files written, not yet renamed;
+# KILL_IN=write_main: after the weights file, before the optimizer state). TERM_AT: sends itself
+# SIGTERM after that step instead.
 KILLABLE = r'''
-import os, signal, sys
-from mediagen.training import load_config, train
+import os, signal, sys, tempfile
+from mediagen import cli
+from mediagen.training import trainer
 from mediagen.training import checkpoint as ckpt
 from safetensors.torch import save_file as _save_file
 
@@ -65,22 +70,33 @@ if kill_in == "write_main":
             die()
     ckpt.save_file = save_file
 
-cfg = load_config(None, sys.argv[1:])
 def on_step_end(step, loss):
     if step == kill_at:
         die()
     if step == term_at:
         os.kill(os.getpid(), signal.SIGTERM)
-result = train(cfg, on_step_end=on_step_end)
-print("finished" if result["finished"] else "stopped")
+real_train = trainer.train
+trainer.train = lambda cfg: real_train(cfg, on_step_end=on_step_end)
+with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+    f.write("{}\n")
+try:
+    rc = cli.main(["train", f.name, *sys.argv[1:]])
+finally:
+    os.unlink(f.name)
+sys.exit(rc)
 '''
 
+# exit statuses of `mediagen train` (mediagen/training/train_cli.py): done, stopped early (resumable)
+DONE, STOPPED = 0, 3
 
-def run_training_process(args, **env) -> int:
+
+def run_training_process(args, output=False, **env):
+    """The exit status of KILLABLE run with ``args`` (-9 when it killed itself); with output=True,
+    (status, stdout). Any other status (a crash, a config error) fails the test."""
     e = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **{k: str(v) for k, v in env.items()})
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", KILLABLE, *args], env=e, capture_output=True, text=True,
                           timeout=300)
-    if proc.returncode not in (0, -9):
+    if proc.returncode not in (DONE, STOPPED, -9):
         raise AssertionError(f"training process failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.returncode
+    return (proc.returncode, proc.stdout) if output else proc.returncode

@@ -1,14 +1,25 @@
 """``mediagen train CONFIG.yaml [key=value ...]``: train or fine-tune from a YAML config.
 
 On several GPUs: ``accelerate launch --num_processes 2 -m mediagen.cli train CONFIG.yaml``.
+
+Exit status: 0 when the run reached train.max_steps, or was already there (a resumed run at or past
+train.max_steps trains nothing and says so); 3 when train.time_limit_minutes or a SIGTERM stopped it
+early, with a checkpoint written (resumable: the same command with checkpoint.resume=latest goes on);
+2 for a config or input error (one line naming the key, the value and where it came from).
 """
 
 from __future__ import annotations
 
+# "stopped early with a checkpoint, resumable": distinct from 0 (done) so scripts and schedulers can
+# tell an unfinished run from a finished one, and from 1/2 (crash / bad config), which need a fix first
+EXIT_STOPPED = 3
+
 
 def register(subparsers) -> None:
+    import argparse
+
     p = subparsers.add_parser("train", help="train or fine-tune a diffusion transformer from a YAML config",
-                              description=__doc__)
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="YAML file (see configs/)")
     p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. optim.lr=3e-4 train.max_steps=100")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -38,7 +49,12 @@ def run(args) -> int:
 
     result = train(cfg)
     losses = result["losses"]
-    if losses:
-        last = max(losses)
-        print(f"trained to step {last}: loss {losses[last]:.4f}; outputs in {cfg.output_dir}")
+    if not losses:  # nothing to train: the trainer said why
+        return 0
+    last = max(losses)
+    if not result["finished"]:
+        print(f"stopped at step {last} of {cfg.train.max_steps}: loss {losses[last]:.4f}; checkpoint in "
+              f"{cfg.output_dir}; exit status {EXIT_STOPPED} (resumable)")
+        return EXIT_STOPPED
+    print(f"trained to step {last}: loss {losses[last]:.4f}; outputs in {cfg.output_dir}")
     return 0

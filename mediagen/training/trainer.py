@@ -10,6 +10,12 @@
         log; sample every N; checkpoint every N (atomic)
         past train.time_limit_minutes, or after a SIGTERM: checkpoint and stop (the same command resumes)
 
+config.yaml is written when the run starts, after everything the config builds (dataset, model,
+optimizer) was built, so a run that fails on its config leaves an existing run's config.yaml as it
+was. metrics.jsonl holds one line per step: a run that starts at step S (0, or a resumed checkpoint's
+step) first drops the lines past S, then appends. A resumed run already at train.max_steps (or past it)
+says so and trains nothing.
+
 Everything random in a step is a function of (seed, step, position in the global batch), and the
 batches are a function of (seed, step) (``data.sampler``), so a resumed run repeats exactly the
 losses it would have had, and 1 or 2 GPUs see the same global batches.
@@ -191,6 +197,28 @@ def restore(run: Run, folder: Path) -> None:
     ckpt.restore_rng(folder, run.accelerator.process_index)
 
 
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the lines of ``path`` (metrics.jsonl) up to ``last_step``: a run that restarts at a checkpoint
+    repeats the steps after it, and each step keeps one line. An unreadable line (a write cut short by a
+    kill) is dropped too. Written to a temporary file and renamed, so a kill here loses nothing."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step:
+            kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
 class Logger:
     """metrics.jsonl (one line per step, flushed), TensorBoard scalars and a tqdm bar, main process only."""
 
@@ -200,6 +228,7 @@ class Logger:
         if not main:
             return
         out = Path(cfg.output_dir)
+        trim_metrics(out / "metrics.jsonl", start)
         self.file = open(out / "metrics.jsonl", "a")
         if cfg.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -256,8 +285,10 @@ class _SigtermFlag:
 
 
 def train(cfg, on_step_end=None) -> dict:
-    """Run (or resume) the training ``cfg`` describes; returns {"step", "losses": {step: loss},
-    "finished": bool} (False when train.time_limit_minutes stopped it early).
+    """Run (or resume) the training ``cfg`` describes; returns {"step", "start", "losses": {step: loss},
+    "finished": bool}: finished is False when train.time_limit_minutes or a SIGTERM stopped it early
+    (with a checkpoint to resume from). A run resumed at or past train.max_steps trains nothing:
+    losses is empty, finished True, and a line says so.
 
     on_step_end(step, loss) is called on every process after each optimizer step (and checkpoint).
     """
@@ -266,9 +297,14 @@ def train(cfg, on_step_end=None) -> dict:
     started = time.monotonic()
     acc = make_accelerator(cfg)
     out = Path(cfg.output_dir)
-    if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / "config.yaml")
+    resume_from = ckpt.find_resume(out, cfg.checkpoint.resume)
+    start = ckpt.read_state(resume_from)["step"] if resume_from is not None else 0
+    if start >= cfg.train.max_steps:
+        if acc.is_main_process:
+            print(f"already at step {start} (train.max_steps={cfg.train.max_steps}): nothing to train; "
+                  f"raise train.max_steps to train further")
+        acc.end_training()
+        return {"step": start, "start": start, "losses": {}, "finished": True}
     set_seed(cfg.train.seed)
     # sequence parallel: every process works on the same samples (its slab of their tokens), so the
     # data, the noise and the micro-batch split are those of a single process
@@ -282,11 +318,8 @@ def train(cfg, on_step_end=None) -> dict:
 
     model = comp.transformer
     _disable_builtin_label_dropout(model)
-    resume_from = ckpt.find_resume(out, cfg.checkpoint.resume)
-    start = 0
     if resume_from is not None:
         model.load_state_dict(ckpt.read_model(resume_from))
-        start = ckpt.read_state(resume_from)["step"]
     device = acc.device
     for part in (comp.vae, comp.text_encoder, comp.teacher):
         if part is not None:
@@ -325,6 +358,13 @@ def train(cfg, on_step_end=None) -> dict:
         loader = DataLoader(Indexed(dataset), batch_sampler=sampler, collate_fn=indexed_collate,
                             num_workers=cfg.data.num_workers, persistent_workers=False)
         batches = iter(loader)
+    if acc.is_main_process:
+        # everything the config describes is built: from here on this run owns output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+        if resume_from is not None:
+            print(f"resuming from {resume_from} (step {start})")
+    acc.wait_for_everyone()
     logger = Logger(cfg, acc.is_main_process, start)
     params = [p for p in prepared.parameters() if p.requires_grad]
     step = start
@@ -383,8 +423,9 @@ def train(cfg, on_step_end=None) -> dict:
                 if acc.is_main_process:
                     why = "SIGTERM received" if term.set else \
                         f"train.time_limit_minutes={cfg.train.time_limit_minutes} reached"
-                    print(f"{why} at step {step} of {cfg.train.max_steps}; checkpoint written, run the same "
-                          "command to resume")
+                    how = "run the same command to resume" if cfg.checkpoint.resume == "latest" else \
+                        "add checkpoint.resume=latest to the same command to resume"
+                    print(f"{why} at step {step} of {cfg.train.max_steps}; checkpoint written, {how}")
                 break
     finally:
         term.restore()
@@ -394,4 +435,4 @@ def train(cfg, on_step_end=None) -> dict:
             save_final_pipeline(run, out / "pipeline")
         acc.wait_for_everyone()
     acc.end_training()
-    return {"step": step, "losses": run.losses, "finished": finished}
+    return {"step": step, "start": start, "losses": run.losses, "finished": finished}
