@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from mediagen.cli import main as cli_main
 from mediagen.training import ConfigError, load_config
@@ -66,3 +67,97 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
 def test_shipped_configs_load(path):
     cfg = load_config(path)
     assert cfg.output_dir.startswith("runs/")
+
+
+def test_yaml_syntax_error_is_one_line_naming_the_file_and_the_line(tmp_path, capsys):
+    p = write(tmp_path, "output_dir: x\nmodel:\n  preset: [dit-tiny\ntrain:\n  max_steps: 3\n")
+    assert cli_main(["train", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"{p}: YAML syntax error at line 4" in err and "line 3, column 11" in err
+    p.write_text("- output_dir: x\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: the file holds a list, not a mapping"):
+        load_config(p)
+
+
+def test_errors_say_whether_the_file_or_an_override_gave_the_value(tmp_path, capsys):
+    p = write(tmp_path, "output_dir: x\nmodel:\n  preset: dit-tiny\noptim:\n  lr: -0.001\n")
+    assert cli_main(["train", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"mediagen train: error: {p}: optim.lr=-0.001 is not allowed: use a number > 0"
+    # the override wins, and then it is the one named
+    with pytest.raises(ConfigError, match=r"^command-line override: optim\.lr=0\.0 is not allowed"):
+        load_config(p, ["optim.lr=0"])
+    # a misspelt override is blamed on the command line, not on the file
+    assert cli_main(["train", str(p), "optim.lr=1e-3", "optim.lrr=1"]) == 2
+    err = capsys.readouterr().err
+    assert "command-line override: unknown key 'optim.lrr'" in err and str(p) not in err
+    with pytest.raises(ConfigError, match=r"^command-line override: bad value for 'train\.max_steps'.*'many'"):
+        load_config(p, ["optim.lr=1e-3", "train.max_steps=many"])
+    with pytest.raises(ConfigError, match=r"^command-line override 'optim\.lr' is not KEY=VALUE"):
+        load_config(p, ["optim.lr"])
+    with pytest.raises(ConfigError, match=r"^command-line override 'optim\.betas=\[0\.9,': the value of 'optim\.betas'"):
+        load_config(p, ["optim.betas=[0.9,"])
+    # a key the file's own value breaks, checked after the overrides: still the file
+    q = write(tmp_path, "output_dir: x\nmodel:\n  preset: dit-tiny\n  attention: mhlaa\n")
+    with pytest.raises(ConfigError, match=rf"^{q}: model\.attention='mhlaa' is not allowed: use one of "
+                                          r"\['sdpa', 'linear', 'mhla', 'wan-mhla-h'\]"):
+        load_config(q, ["train.max_steps=3"])
+
+
+BASE = ["output_dir=x", "model.preset=dit-tiny"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=-1e-4", r"optim\.lr=-0\.0001 is not allowed: use a number > 0"),
+    ("optim.lr=nan", r"optim\.lr=nan is not allowed"),
+    ("optim.betas=[0.9,1.0]", r"optim\.betas=\[0\.9, 1\.0\] is not allowed: use two numbers in \[0, 1\)"),
+    ("optim.betas=[0.9]", r"optim\.betas=\[0\.9\] is not allowed"),
+    ("optim.weight_decay=-0.1", r"optim\.weight_decay=-0\.1 is not allowed: use a number >= 0"),
+    ("optim.eps=0", r"optim\.eps=0\.0 is not allowed: use a number > 0"),
+    ("optim.warmup_steps=-1", r"optim\.warmup_steps=-1 is not allowed: use an int >= 0"),
+    ("optim.min_lr_ratio=1.5", r"optim\.min_lr_ratio=1\.5 is not allowed: use a number in \[0, 1\]"),
+    ("optim.max_grad_norm=-1", r"optim\.max_grad_norm=-1\.0 is not allowed: use a number >= 0"),
+    ("optim.ema_decay=1", r"optim\.ema_decay=1\.0 is not allowed: use a number in \[0, 1\)"),
+    ("train.micro_batch_size=-2", r"train\.micro_batch_size=-2 is not allowed: use an int >= 0"),
+    ("train.batch_size=0", r"train\.batch_size=0 is not allowed: use an int >= 1"),
+    ("train.time_limit_minutes=-1", r"train\.time_limit_minutes=-1\.0 is not allowed"),
+    ("checkpoint.every=0", r"checkpoint\.every=0 is not allowed: use an int >= 1"),
+    ("logging.every=0", r"logging\.every=0 is not allowed"),
+    ("objective.class_dropout=1.5", r"objective\.class_dropout=1\.5 is not allowed: use a probability"),
+    ("data.num_workers=-1", r"data\.num_workers=-1 is not allowed"),
+    ("model.attention=[mhla,softmax]", r"model\.attention\[1\]='softmax' is not allowed: each entry is one of "
+                                       r"\['sdpa', 'linear', 'mhla'\] or null"),
+    ("model.attention=3", r"model\.attention=3 is not allowed"),
+])
+def test_values_out_of_range_fail_at_load_naming_key_value_and_source(override, message):
+    with pytest.raises(ConfigError, match=r"^command-line override: " + message):
+        load_config(None, [*BASE, override])
+
+
+def test_a_run_failing_on_its_config_leaves_the_runs_config_yaml_alone(tmp_path, capsys):
+    """config.yaml is written once the dataset, model and optimizer are built: a run that fails before
+    (on a config check, a missing data folder, an attention the converter refuses, an optimizer
+    setting torch refuses) leaves the existing run's file as it was."""
+    from mediagen.training import train
+    from training_helpers import TINY_DIT, TINY_WAN, tiny_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    saved = out / "config.yaml"
+    saved.write_text("the existing run's config\n")
+    assert cli_main(["train", str(write(tmp_path, f"output_dir: {out}\n")), *TINY_DIT, "optim.lr=-1"]) == 2
+    assert "optim.lr=-1.0 is not allowed" in capsys.readouterr().err
+    no_data = tiny_config(out, TINY_WAN, "data.dataset=video-folder", f"data.path={tmp_path / 'nope'}")
+    with pytest.raises(ValueError, match="is not a folder"):
+        train(no_data)
+    for key, bad, error in (("model.attention", "softmax", "attention='softmax' is not allowed"),
+                            ("optim.lr", -1.0, "Invalid learning rate")):
+        cfg = tiny_config(out, TINY_DIT, "train.max_steps=1")
+        OmegaConf.update(cfg, key, bad)   # past load_config's checks, as a caller of train() may do
+        with pytest.raises(ValueError, match=error):
+            train(cfg)
+    assert saved.read_text() == "the existing run's config\n"
+    assert not (out / "metrics.jsonl").exists()
+    train(tiny_config(out, TINY_DIT, "train.max_steps=1", "checkpoint.save_pipeline=false"))
+    assert OmegaConf.load(saved).train.max_steps == 1

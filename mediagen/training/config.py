@@ -1,18 +1,24 @@
 """The training config: omegaconf structured config built from dataclasses.
 
-A YAML file is merged onto ``TrainConfig``; a misspelt key or a value of the wrong type fails at
-load with the key's full name and the valid keys (``ConfigError``). CLI overrides are dotlists
-(``optim.lr=3e-4 train.max_steps=100``). The resolved config is written next to the checkpoints.
+A YAML file is merged onto ``TrainConfig``; a misspelt key, a value of the wrong type or out of range,
+or a YAML syntax error fails at load with one line (``ConfigError``) that names the key, the value, what
+is allowed and where the value came from: the YAML file's path or "command-line override". CLI
+overrides are dotlists (``optim.lr=3e-4 train.max_steps=100``). The resolved config is written next to
+the checkpoints once a run starts (``save_config``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+import yaml
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from ..models.attention_spec import ATTENTION_CHOICES, LAYER_ATTENTIONS
 
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
 OBJECTIVES = ("flow", "ddpm")
@@ -24,8 +30,16 @@ FINETUNE_MODES = ("none", "full", "lora", "convert")
 DISTRIBUTED = ("ddp", "fsdp")
 
 
+OVERRIDE_SOURCE = "command-line override"
+
+
 class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key, the value and what is allowed."""
+    """A config that cannot be used; the message names the key, the value and what is allowed.
+    ``key`` is the dotted key at fault (None when the error is not about one key)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass
@@ -172,65 +186,208 @@ def _explain(err: OmegaConfBaseException, source: str) -> ConfigError:
     msg = str(err).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
         valid = _valid_keys(TrainConfig, key)
-        return ConfigError(f"{source}: unknown key {key!r}; valid keys here: {valid}")
-    return ConfigError(f"{source}: bad value for {key!r}: {msg}")
+        return ConfigError(f"{source}: unknown key {key!r}; valid keys here: {valid}", key=key)
+    return ConfigError(f"{source}: bad value for {key!r}: {msg}", key=key)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# key -> (test, what is allowed): numbers the code would otherwise pass on to torch, divide by or
+# loop over, where a value out of range fails late (or silently trains something else)
+_RANGES = {
+    "optim.lr": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "optim.weight_decay": (lambda v: _finite(v) and v >= 0, "a number >= 0"),
+    "optim.eps": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "optim.warmup_steps": (lambda v: v >= 0, "an int >= 0 (0: no warm-up)"),
+    "optim.min_lr_ratio": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "optim.max_grad_norm": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no clipping)"),
+    "optim.ema_decay": (lambda v: _finite(v) and 0 <= v < 1, "a number in [0, 1) (0: no EMA)"),
+    "optim.ema_start": (lambda v: v >= 0, "an int >= 0"),
+    "train.max_steps": (lambda v: v >= 1, "an int >= 1"),
+    "train.batch_size": (lambda v: v >= 1, "an int >= 1"),
+    "train.micro_batch_size": (lambda v: v >= 0, "an int >= 0 (0: batch_size / number of processes)"),
+    "train.time_limit_minutes": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no limit)"),
+    "checkpoint.every": (lambda v: v >= 1, "an int >= 1 (steps between checkpoints)"),
+    "checkpoint.keep_last": (lambda v: v >= 0, "an int >= 0 (0: keep every checkpoint)"),
+    "logging.every": (lambda v: v >= 1, "an int >= 1 (steps between TensorBoard scalars)"),
+    "logging.sample_every": (lambda v: v >= 0, "an int >= 0 (0: no samples during training)"),
+    "logging.sample_steps": (lambda v: v >= 1, "an int >= 1"),
+    "objective.class_dropout": (lambda v: _finite(v) and 0 <= v <= 1, "a probability in [0, 1]"),
+    "objective.logit_std": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "objective.shift": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "objective.num_train_timesteps": (lambda v: v >= 1, "an int >= 1"),
+    "data.resolution": (lambda v: v >= 1, "an int >= 1"),
+    "data.channels": (lambda v: v >= 1, "an int >= 1"),
+    "data.num_frames": (lambda v: v >= 1, "an int >= 1"),
+    "data.num_digits": (lambda v: v >= 1, "an int >= 1"),
+    "data.length": (lambda v: v >= 1, "an int >= 1"),
+    "data.num_workers": (lambda v: v >= 0, "an int >= 0 (0: load in the training process)"),
+    "model.text_max_length": (lambda v: v >= 1, "an int >= 1"),
+    "finetune.lora_rank": (lambda v: v >= 1, "an int >= 1"),
+    "finetune.lora_alpha": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "finetune.distill_weight": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no distillation)"),
+}
+
+
+def _check_attention(cfg) -> None:
+    """model.attention: None, a name of ATTENTION_CHOICES, or one name of LAYER_ATTENTIONS (or null:
+    keep the layer) per layer; the names the converter knows, checked before anything is built."""
+    att = cfg.model.attention
+    if att is None:
+        return
+    per_layer = f"or a list of {list(LAYER_ATTENTIONS)} (null: keep the layer), one per layer"
+    if isinstance(att, str):
+        if att not in ATTENTION_CHOICES:
+            raise ConfigError(f"model.attention={att!r} is not allowed: use one of {list(ATTENTION_CHOICES)} "
+                              f"{per_layer}", key="model.attention")
+        return
+    if not OmegaConf.is_list(att):
+        raise ConfigError(f"model.attention={att!r} is not allowed: use one of {list(ATTENTION_CHOICES)} "
+                          f"{per_layer}", key="model.attention")
+    for i, name in enumerate(att):
+        if name is not None and name not in LAYER_ATTENTIONS:
+            raise ConfigError(f"model.attention[{i}]={name!r} is not allowed: each entry is one of "
+                              f"{list(LAYER_ATTENTIONS)} or null (keep the layer)", key="model.attention")
+    if cfg.model.layers is not None:
+        raise ConfigError(f"model.layers={list(cfg.model.layers)} is not allowed with a per-layer "
+                          "model.attention list: give one or the other", key="model.layers")
 
 
 def check_config(cfg) -> None:
-    """Checks omegaconf cannot express: choices, required fields, consistency."""
+    """Checks omegaconf cannot express: choices, ranges, required fields, consistency. Each error
+    carries the key at fault (``ConfigError.key``), so ``load_config`` can say where it came from."""
     for key, allowed in _CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not allowed: use one of {list(allowed)}")
+            raise ConfigError(f"{key}={value!r} is not allowed: use one of {list(allowed)}", key=key)
+    for key, (ok, allowed) in _RANGES.items():
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key}={value!r} is not allowed: use {allowed}", key=key)
+    betas = list(cfg.optim.betas)
+    if len(betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"optim.betas={betas} is not allowed: use two numbers in [0, 1), e.g. [0.9, 0.999]",
+                          key="optim.betas")
+    _check_attention(cfg)
     if cfg.model.preset is None and cfg.model.pretrained is None:
         raise ConfigError("model.preset and model.pretrained are both empty: give a preset name "
-                          "(e.g. dit-tiny) or a pretrained folder")
+                          "(e.g. dit-tiny) or a pretrained folder", key="model.preset")
     if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
-        raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}")
+        raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}", key="data.path")
     if cfg.data.on_device and cfg.data.dataset != "moving-mnist":
         raise ConfigError(f"data.on_device=true needs data.dataset='moving-mnist' (clips drawn on the device); "
-                          f"data.dataset is {cfg.data.dataset!r}")
-    if cfg.train.batch_size < 1 or cfg.train.max_steps < 1:
-        raise ConfigError("train.batch_size and train.max_steps must be >= 1")
+                          f"data.dataset is {cfg.data.dataset!r}", key="data.on_device")
     if cfg.train.sequence_parallel and cfg.task != "text-to-video":
         raise ConfigError(f"train.sequence_parallel=true needs task='text-to-video' (a Wan-style transformer with "
-                          f"MHLA in every layer); task is {cfg.task!r}")
+                          f"MHLA in every layer); task is {cfg.task!r}", key="train.sequence_parallel")
     if cfg.train.sequence_parallel and cfg.train.distributed == "fsdp":
-        raise ConfigError("train.sequence_parallel=true cannot be combined with train.distributed='fsdp'")
-    if cfg.train.time_limit_minutes < 0:
-        raise ConfigError(f"train.time_limit_minutes={cfg.train.time_limit_minutes} must be >= 0 (0: no limit)")
+        raise ConfigError("train.sequence_parallel=true cannot be combined with train.distributed='fsdp'",
+                          key="train.sequence_parallel")
     if cfg.finetune.mode in ("full", "lora", "convert") and cfg.model.pretrained is None:
-        raise ConfigError(f"finetune.mode={cfg.finetune.mode!r} needs model.pretrained (the checkpoint to start from)")
+        raise ConfigError(f"finetune.mode={cfg.finetune.mode!r} needs model.pretrained (the checkpoint to start from)",
+                          key="finetune.mode")
     if cfg.finetune.mode == "convert" and cfg.model.attention is None:
-        raise ConfigError("finetune.mode='convert' needs model.attention (e.g. mhla or wan-mhla-h)")
+        raise ConfigError("finetune.mode='convert' needs model.attention (e.g. mhla or wan-mhla-h)",
+                          key="finetune.mode")
     if cfg.finetune.distill_weight > 0 and cfg.finetune.mode != "convert":
-        raise ConfigError("finetune.distill_weight > 0 applies only with finetune.mode='convert'")
-    if not 0 <= cfg.optim.ema_decay < 1:
-        raise ConfigError(f"optim.ema_decay={cfg.optim.ema_decay} must be in [0, 1)")
+        raise ConfigError("finetune.distill_weight > 0 applies only with finetune.mode='convert'",
+                          key="finetune.distill_weight")
     resume = cfg.checkpoint.resume
     if resume not in (None, "latest") and not Path(resume).is_dir():
-        raise ConfigError(f"checkpoint.resume={resume!r} is neither 'latest' nor an existing checkpoint folder")
+        raise ConfigError(f"checkpoint.resume={resume!r} is neither 'latest' nor an existing checkpoint folder",
+                          key="checkpoint.resume")
+
+
+def _is_set(cfg, key: str) -> bool:
+    """Whether ``cfg`` (a file's or the overrides' own values, not the merged config) sets ``key``."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and start is not None:   # where the construct left open began, often the real typo
+            problem += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+        raise ConfigError(f"{path}: YAML syntax error{where}: {problem}") from None
+    if not isinstance(loaded, DictConfig):
+        kind = "list" if OmegaConf.is_list(loaded) else type(loaded).__name__
+        raise ConfigError(f"{path}: the file holds a {kind}, not a mapping of keys "
+                          "(output_dir, model, data, ...)")
+    return loaded
+
+
+def _read_overrides(overrides) -> DictConfig:
+    """The dotlist as a config, one item at a time so an unreadable one is named."""
+    parsed = OmegaConf.create()
+    for item in overrides:
+        key, eq, _ = str(item).partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{OVERRIDE_SOURCE} {item!r} is not KEY=VALUE (e.g. optim.lr=3e-4)")
+        try:
+            parsed = OmegaConf.merge(parsed, OmegaConf.from_dotlist([str(item)]))
+        except (yaml.YAMLError, OmegaConfBaseException) as err:
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"{OVERRIDE_SOURCE} {item!r}: the value of {key!r} cannot be read: {problem}",
+                              key=key) from None
+    return parsed
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> TrainConfig:
-    """TrainConfig from a YAML file plus dotlist overrides, type-checked and validated."""
+    """TrainConfig from a YAML file plus dotlist overrides, type-checked and validated. Errors are
+    ConfigErrors that start with where the offending value came from: the file's path or
+    "command-line override" (the dotlist; the last value given for a key wins)."""
     schema = OmegaConf.structured(TrainConfig)
-    try:
+    from_file = from_cli = None
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        from_file = _read_yaml(path)
+        try:
+            schema = OmegaConf.merge(schema, from_file)
+        except OmegaConfBaseException as err:
+            raise _explain(err, str(path)) from None
+    if overrides:
+        from_cli = _read_overrides(overrides)
+        try:
+            schema = OmegaConf.merge(schema, from_cli)
+        except OmegaConfBaseException as err:
+            raise _explain(err, OVERRIDE_SOURCE) from None
+
+    def source(key: str | None) -> str:
+        if key and _is_set(from_cli, key):
+            return OVERRIDE_SOURCE
         if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file {str(path)!r} does not exist")
-            schema = OmegaConf.merge(schema, OmegaConf.load(path))
-        if overrides:
-            schema = OmegaConf.merge(schema, OmegaConf.from_dotlist(list(overrides)))
+            return str(path)   # set there, or left at its default: the file is where to set it
+        return OVERRIDE_SOURCE if overrides else "config"
+
+    try:
         OmegaConf.to_container(schema, throw_on_missing=True)
+    except MissingMandatoryValue as err:
+        key = getattr(err, "full_key", None) or "?"
+        raise ConfigError(f"{source(key)}: {key} is required and not set (e.g. {key}=runs/my-run)", key=key) from None
     except OmegaConfBaseException as err:
-        raise _explain(err, str(path) if path else "config") from None
+        raise _explain(err, source(getattr(err, "full_key", None))) from None
     if schema.train.mixed_precision == "False":
         # YAML 1.1 reads a bare `no` (as in `mixed_precision: no` or the dotlist
         # `train.mixed_precision=no`) as the boolean false; it can only mean "no"
         schema.train.mixed_precision = "no"
-    check_config(schema)
+    try:
+        check_config(schema)
+    except ConfigError as err:
+        raise ConfigError(f"{source(err.key)}: {err}", key=err.key) from None
     return schema
 
 
