@@ -65,11 +65,11 @@ def main(argv=None):
         for mode in modes:
             for variant in variants:
                 if variant == "projections-only":
-                    mediagen.convert(model, "sdpa")
+                    mediagen.convert(model, "sdpa", reinit=True)
                     for block in model.transformer_blocks:
                         block.attn1.set_processor(ProjectionsOnly())
                 else:
-                    mediagen.convert(model, variant, blocks=blocks)
+                    mediagen.convert(model, variant, blocks=blocks, reinit=True)
                 reset_compiler()
                 fn = torch.compile(model, backend=args.compile_backend) if mode == "compile" else model
 

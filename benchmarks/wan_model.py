@@ -46,18 +46,18 @@ def set_variant(model, variant: str, grid, blocks):
     flash_attn package when it imports, else torch's flash backend."""
     model.reset_attention_backend()
     if variant == "sdpa-flash":
-        mediagen.convert(model, "sdpa")
+        mediagen.convert(model, "sdpa", reinit=True)
         model.set_attention_backend("flash" if importlib.util.find_spec("flash_attn") else "_native_flash")
         return
     if variant in ("no-self-attn", "projections-only"):
-        mediagen.convert(model, "sdpa")
+        mediagen.convert(model, "sdpa", reinit=True)
         for block in model.blocks:
             block.attn1.set_processor(NoSelfAttention() if variant == "no-self-attn" else ProjectionsOnly())
         return
     attention = {"sdpa": "sdpa", "mhla": "mhla", "hybrid": "wan-mhla-h"}[variant.removesuffix("-rope")]
     with warnings.catch_warnings():  # the position-blind variants are measured on purpose
         warnings.filterwarnings("ignore", message=".*see no token positions")
-        mediagen.convert(model, attention, blocks=blocks, grid=grid,
+        mediagen.convert(model, attention, blocks=blocks, grid=grid, reinit=True,
                          rope="features" if variant.endswith("-rope") else "none")
 
 

@@ -37,7 +37,7 @@ def bench_end_to_end(device="cpu", dtype=torch.float32, preset: str | None = Non
         torch.manual_seed(0)
         model = build_transformer(preset).eval()
         for grid in grids:
-            convert(model, attention, grid=grid)
+            convert(model, attention, grid=grid, reinit=True)  # each grid its own blocks
             model.to(device)
             if dtype != torch.float32:
                 model.to(dtype=dtype)
