@@ -81,7 +81,8 @@ finish)
   out=$2
   for a in $ATTNS; do pkill -TERM -f "wan-mmnist-$a.yaml" || true; done
   sleep 20; progress
-  cp $R/wan-mmnist-*/metrics.jsonl "$out/" 2>/dev/null; for a in $ATTNS; do cp $R/train-$a.log "$out/train-$a.log"; done
+  res=$R/results; mkdir -p $res
+  for a in $ATTNS; do cp $R/wan-mmnist-$a/metrics.jsonl $res/metrics-$a.jsonl; cp $R/train-$a.log $res/; done
   # the last checkpoint step every run has
   step=$(python3 -m mediagen.training.checkpoint $(for a in $ATTNS; do echo $R/wan-mmnist-$a; done))
   echo "common step: $step"
@@ -90,12 +91,19 @@ finish)
     $MG train configs/train/wan-mmnist-$a.yaml output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
     python3 -c "from mediagen.pipelines.shipping import save_shipped_pipeline as s; s('$R/pipe-$a', '$ship/video-$a', text_encoder='minilm')"
   done
-  python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out "$out" --time-batch 1
+  python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out $res --time-batch 1
   python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out $R/t40 --time-batch 40 --no-grid
-  cp $R/t40/sampling_latency.json "$out/sampling_latency_batch40.json"
-  echo "{\"step\": $step}" > "$out/step.json"
-  tar -cf - -C $ship . | split -b 15m - "$out/ship.tar.part-"
+  cp $R/t40/sampling_latency.json $res/sampling_latency_batch40.json
+  echo "{\"step\": $step}" > $res/step.json
+  tar -czf "$out/results.tar.gz" -C $R results
+  # the shipped folders in 15 MB parts (a call brings back 64 MB): the first attention's now,
+  # the others with `bash benchmarks/video_gpu.sh fetch ATTN OUT`
+  first=${ATTNS%% *}
+  tar -cf - -C $ship video-$first | split -b 15m - "$out/video-$first.tar.part-"
   ls -la "$out"
+  ;;
+fetch)
+  tar -cf - -C $R/ship video-$2 | split -b 15m - "$3/video-$2.tar.part-"; ls -la "$3"
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac
