@@ -98,6 +98,17 @@ def test_generate_image_class_and_prompt(served):
     assert timings["text_encoding_ms"] > 0
 
 
+def test_prompt_image_is_the_middle_frame_of_a_trained_length_clip(served):
+    from mediagen.app import generation
+
+    cache = served[0].cache
+    assert generation.still_frames(cache) == 3
+    args = ("mhla", "FlashAttention", "the digit 3 moves left", None, 1, 5, 2, 4.0, 8, 8)
+    image = generation.text_samples(cache, *args, 1).samples
+    clip = generation.text_samples(cache, *args, 3).samples
+    assert image.shape == (1, 8, 8, 1) and np.array_equal(image, clip[:, 1])
+
+
 def test_generate_video_is_downloadable_mp4(served):
     _, _, client, _ = served
     video, files, timings = client.predict("the digit 7 moving left", "", "sdpa", "MLRA", 3, 8, 8, 1, 0, 2, 4.0,

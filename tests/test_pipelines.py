@@ -140,6 +140,20 @@ def test_text_to_image():
     assert len(pil) == 1 and pil[0].size == (8, 8)
 
 
+def test_text_to_image_from_a_clip_is_its_middle_frame():
+    pipe = wan_pipe(cls=TextToImagePipeline)
+    video = TextToVideoPipeline(**pipe.components)
+    clip = video("a seven", **dict(VIDEO, num_frames=4), output_type="np", generator=gen(3)).frames
+    still = pipe("a seven", height=8, width=8, num_frames=4, num_inference_steps=2, output_type="np",
+                 generator=gen(3)).images
+    assert np.array_equal(still[0], clip[0, 2]) and not np.array_equal(still[0], clip[0, 0])
+    latent = pipe("a seven", height=8, width=8, num_frames=4, num_inference_steps=2, output_type="latent",
+                  generator=gen(3)).images
+    assert latent.shape == (1, 1, 1, 8, 8)
+    with pytest.raises(ValueError, match="num_frames=4 is not allowed with 4-D latents"):
+        pipe("a seven", height=8, width=8, num_frames=4, latents=torch.zeros(1, 1, 8, 8))
+
+
 def test_pipeline_save_load_same_output(tmp_path):
     pipe = wan_pipe()
     before = pipe("a digit", generator=gen(3), **VIDEO).frames

@@ -102,9 +102,13 @@ def encode_prompt(cache, encoder_label: str, prompt: str, negative_prompt: str |
 def text_samples(cache, attention: str, encoder_label: str, prompt: str, negative_prompt: str | None, batch: int,
                  seed: int, steps: int, guidance: float, height: int, width: int, frames: int,
                  on_step=None) -> Generated:
-    """Videos (frames > 1) or images (frames == 1, returned as (B, H, W, C)) from the text model."""
+    """Videos (frames > 1) or images (frames == 1, returned as (B, H, W, C)) from the text model. An
+    image is the middle frame of a clip of ``still_frames(cache)`` frames: the text model is trained on
+    clips, and draws a far clearer still that way than on a one-frame grid (docs/RESULTS.md)."""
     from ..pipelines.text_video import TextToVideoPipeline
 
+    image = frames == 1
+    frames = still_frames(cache) if image else frames
     clock = _Clock(cache.device)
     transformer = cache.transformer("video", attention, video_grid(cache, frames, height, width))
     pipe = TextToVideoPipeline(transformer=transformer, scheduler=cache.scheduler("video"), vae=cache.vae("video"))
@@ -119,4 +123,10 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
                        callback_on_step_end=_step_callback(on_step)).frames
     with clock.stage("decoding"), torch.no_grad():
         videos = np.asarray(pipe.decode(latents, "np"), dtype=np.float32)
-    return Generated(videos[:, 0] if frames == 1 else videos, clock.timings)
+    return Generated(videos[:, frames // 2] if image else videos, clock.timings)
+
+
+def still_frames(cache) -> int:
+    """Frames of the clip a prompt-mode image is drawn from: the clip length the text model was trained
+    on (its default size), 1 when that is not known."""
+    return int(cache.models.video.size.get("frames", 1))

@@ -137,7 +137,7 @@ class MediagenApp:
             h, w, _ = self._text_size(height, width, 1)
             encoder = self._encoder(text_encoder)
             progress(0, desc="loading models")
-            tokens = _prod(video_grid(self.cache, 1, h, w))
+            tokens = _prod(video_grid(self.cache, generation.still_frames(self.cache), h, w))
             result = self._timed(family, attention, tokens, batch, steps, guidance, lambda: generation.text_samples(
                 self.cache, attention, encoder, prompt, negative_prompt, batch, seed, steps, guidance, h, w, 1))
             stem = f"{files.slug(prompt)[:40]}-{attention}-seed{seed}"

@@ -50,7 +50,9 @@ def register(sub):
     p.add_argument("--guidance", type=float, default=4.0)
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
-    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None,
+                   help="video frames; for text-to-image with a clip model, the clip a still is the middle frame of "
+                        "(default: its trained length; 1: a one-frame grid)")
     p.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
                    help="with a shipped model: use its family's checkpoint trained with this attention (refused "
                         "when none is shipped); with a preset or folder: convert the self-attention first (default: "
@@ -160,7 +162,9 @@ def run(args) -> int:
     preset = PRESETS.get(args.model)
     height, width, frames = _sizes(args, pipe, preset)
     if task == "text-to-image":
-        frames = 1
+        # a still from a clip model is the middle frame of a clip of its trained length (--frames 1: a
+        # one-frame grid); a model trained on images draws one frame
+        frames = args.frames or (frames if _shipped_family(args.model) == "video" or preset is not None else 1)
     if args.attention is None and preset is not None:
         args.attention = "sdpa"
     if args.attention is not None and not args.blocks and _converted_as(pipe.transformer, args.attention):
@@ -189,7 +193,7 @@ def run(args) -> int:
             raise ValueError("--class-label is for class-conditional models; this one takes --prompt")
         prompt = args.prompt if args.prompt is not None else ""
         if task == "text-to-image":
-            result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, **common).images
+            result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, num_frames=frames, **common).images
         else:
             result = pipe(prompt=prompt, negative_prompt=args.negative_prompt, num_frames=frames, **common).frames
     for path in save_media(result, out, fps=args.fps):
