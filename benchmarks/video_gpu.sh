@@ -8,6 +8,8 @@
 #                                                    # 10 digits x 4 directions x 3 seeds grid, time sampling,
 #                                                    # pack the fp16 shipped folders into OUT (15 MB parts)
 # Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried.
+# EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
+#   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
 set -u
 phase=$1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MEDIAGEN_MINILM_PATH=$PWD/.minilm-fp16
@@ -42,7 +44,9 @@ start)
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
   # throughput of each configuration alone: 30 steps, median of steps 11-30
   for a in $ATTNS; do for c in false true; do
-    timeout $([ $c = true ] && echo 130 || echo 70) $MG train configs/train/wan-mmnist-$a.yaml train.max_steps=30 train.compile=$c \
+    more="EXTRA_$a"
+    timeout $([ $c = true ] && echo 130 || echo 70) $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} \
+      train.max_steps=30 train.compile=$c \
       output_dir=$R/bench-$a-$c checkpoint.every=1000 checkpoint.save_pipeline=false > "$out/bench-$a-$c.log" 2>&1
     python3 - "$R/bench-$a-$c/metrics.jsonl" "$a compile=$c" <<'PY' | tee -a "$out/throughput.txt"
 import json, sys, statistics
@@ -67,7 +71,8 @@ PY
 )
   echo "training with train.compile=$compile" | tee -a "$out/throughput.txt"
   for a in $ATTNS; do
-    setsid nohup $MG train configs/train/wan-mmnist-$a.yaml train.time_limit_minutes=$minutes \
+    more="EXTRA_$a"
+    setsid nohup $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} train.time_limit_minutes=$minutes \
       train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
   done
   while [ $SECONDS -lt ${HOLD:-540} ]; do sleep 30; done; progress
@@ -88,7 +93,8 @@ finish)
   echo "common step: $step"
   ship=$R/ship; mkdir -p $ship
   for a in $ATTNS; do
-    $MG train configs/train/wan-mmnist-$a.yaml output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
+    more="EXTRA_$a"
+    $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
     python3 -c "from mediagen.pipelines.shipping import save_shipped_pipeline as s; s('$R/pipe-$a', '$ship/video-$a', text_encoder='minilm')"
   done
   python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out $res --time-batch 1

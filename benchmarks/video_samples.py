@@ -5,7 +5,8 @@
 
 For each pipeline folder writes DIR/<name>.npz with ``videos`` uint8 (N, F, H, W), ``prompts`` and
 ``seeds``: every digit 0-9 x every direction x every seed, the caption the model was trained on
-("the digit 3 moves left"), at the app's default steps (8) and guidance (4). Score them with
+("the digit 3 moves left"), at the app's default steps (8) and guidance (4); and DIR/<name>-stills.npz,
+the prompt-mode images of "the digit 0" ... "the digit 9" per seed (one-frame videos). Score them with
 ``mediagen vbench --videos DIR/<name>.npz --calibrate``. Also prints the wall time of sampling one
 batch of ``--time-batch`` videos (median of 5, after a warm-up), text encoding and decoding included.
 """
@@ -44,6 +45,21 @@ def sample_grid(pipe, seeds, steps, guidance, batch=40):
             clips.append((np.clip(v.mean(-1), 0, 1) * 255 + 0.5).astype(np.uint8))
             seed_of += [seed] * len(chunk)
     return np.concatenate(clips), prompts * len(seeds), seed_of
+
+
+def sample_stills(pipe, seeds, steps, guidance, frames):
+    """Prompt-mode images: "the digit 0" ... "the digit 9" per seed, each the middle frame of a clip of
+    ``frames`` frames (``TextToImagePipeline``'s rule), as uint8 (N, 1, H, W) one-frame videos."""
+    from mediagen.pipelines import TextToImagePipeline
+
+    still = TextToImagePipeline(**pipe.components)
+    still.set_progress_bar_config(disable=True)
+    prompts, images = [f"the digit {d}" for d in range(10)], []
+    for seed in seeds:
+        out = still(prompt=prompts, num_inference_steps=steps, guidance_scale=guidance, num_frames=frames,
+                    generator=torch.Generator("cpu").manual_seed(seed), output_type="np").images
+        images.append((np.clip(np.asarray(out, np.float32).mean(-1), 0, 1) * 255 + 0.5).astype(np.uint8)[:, None])
+    return np.concatenate(images), prompts * len(seeds)
 
 
 def time_sampling(pipe, device, steps, guidance, batch, repeats=5) -> list[float]:
@@ -86,6 +102,8 @@ def main(argv=None) -> int:
             videos, prompts, seeds = sample_grid(pipe, args.seeds, args.steps, args.guidance)
             np.savez_compressed(out / f"{name}.npz", videos=videos, prompts=np.array(prompts), seeds=np.array(seeds))
             print(f"{name}: {len(videos)} clips in {time.perf_counter() - t0:.1f} s -> {out / (name + '.npz')}")
+            stills, still_prompts = sample_stills(pipe, args.seeds, args.steps, args.guidance, videos.shape[1])
+            np.savez_compressed(out / f"{name}-stills.npz", videos=stills, prompts=np.array(still_prompts))
         times = time_sampling(pipe, args.device, args.steps, args.guidance, args.time_batch)
         report[name] = {"median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),
                         "batch": args.time_batch, "steps": args.steps, "guidance": args.guidance,

@@ -60,6 +60,23 @@ def test_moving_mnist_batches_drawn_at_once_equal_clips_drawn_one_by_one(num_dig
     assert np.array_equal(batch["pixels"].numpy(), np.stack([it["pixels"].numpy() for it in items]))
 
 
+def test_moving_mnist_still_clips_stand_still_with_a_caption_without_direction():
+    plain = MovingMNISTDataset(resolution=40, num_frames=6, length=400, seed=2)
+    mixed = MovingMNISTDataset(resolution=40, num_frames=6, length=400, seed=2, static_fraction=0.25)
+    still = [i for i in range(400) if mixed.plan(i)[1] == ["still"]]
+    assert 60 <= len(still) <= 140                                        # about a quarter
+    for i in still[:5]:
+        frames, digits, directions = mixed.clip(i)
+        assert (frames == frames[0]).all() and frames.max() > 0.5           # the digit shows and stays put
+        assert mixed[i]["caption"] == f"the digit {digits[0]}" and parse_prompt(mixed[i]["caption"]).direction is None
+    moving = next(i for i in range(400) if i not in still)
+    assert np.array_equal(mixed.clip(moving)[0], plain.clip(moving)[0])   # other clips are those of fraction 0
+    assert len(mixed.all_captions()) == 50 and "the digit 7" in mixed.all_captions()
+    assert len(plain.all_captions()) == 40
+    with pytest.raises(ValueError, match=r"data.static_fraction=1.5 is not allowed"):
+        MovingMNISTDataset(resolution=40, static_fraction=1.5)
+
+
 def test_image_folder_jsonl_csv_and_buckets(tmp_path):
     rng = np.random.default_rng(0)
     for name, (h, w) in {"a.png": (40, 80), "b.png": (80, 40), "c.jpg": (50, 50)}.items():

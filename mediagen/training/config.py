@@ -94,6 +94,8 @@ class DataConfig:
     resolution_buckets: list[list[int]] = field(default_factory=list)  # [[h, w], ...] for image/video folders
     num_digits: int = 1                     # moving-mnist digits per clip
     speed: float = 2.0                      # moving-mnist pixels per frame
+    static_fraction: float = 0.0            # moving-mnist: share of clips standing still, captioned without a
+                                            # direction ("the digit 3"), for prompt-mode stills
     length: int = 100000                    # moving-mnist clips per epoch (generated on the fly)
     cache_dir: Optional[str] = None         # precomputed text embeddings / latents
     num_workers: int = 0
@@ -223,6 +225,7 @@ _RANGES = {
     "data.num_frames": (lambda v: v >= 1, "an int >= 1"),
     "data.num_digits": (lambda v: v >= 1, "an int >= 1"),
     "data.length": (lambda v: v >= 1, "an int >= 1"),
+    "data.static_fraction": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.num_workers": (lambda v: v >= 0, "an int >= 0 (0: load in the training process)"),
     "model.text_max_length": (lambda v: v >= 1, "an int >= 1"),
     "finetune.lora_rank": (lambda v: v >= 1, "an int >= 1"),

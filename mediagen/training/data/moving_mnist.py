@@ -18,9 +18,13 @@ from torch.utils.data import Dataset
 from ...data import load_mnist10k
 
 DIRECTIONS = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}  # (dy, dx)
+STILL = "still"  # the motion of a clip whose digits stand still (``static_fraction``)
+MOTIONS = dict(DIRECTIONS, **{STILL: (0, 0)})
 
 
 def clip_caption(digits, directions) -> str:
+    if all(m == STILL for m in directions):  # a caption without a direction: "the digit 3"
+        return " and ".join(f"the digit {d}" for d in digits)
     return " while ".join(f"the digit {d} moves {m}" for d, m in zip(digits, directions))
 
 
@@ -28,13 +32,19 @@ class MovingMNISTDataset(Dataset):
     """``length`` clips of (C, F, R, R) in [-1, 1] with a caption each.
 
     The digit side is min(28, 7R/16) (28 on a 64 canvas); speed is capped so a digit crossing the
-    whole clip stays inside the canvas. Digits overlap by taking the brighter pixel.
+    whole clip stays inside the canvas. Digits overlap by taking the brighter pixel. A fraction
+    ``static_fraction`` of the clips stand still, captioned without a direction ("the digit 3"): a model
+    trained on them draws a still digit for a caption that names no motion (prompt-mode images).
     """
 
     def __init__(self, *, resolution: int = 64, num_frames: int = 16, num_digits: int = 1, speed: float = 2.0,
-                 length: int = 100000, channels: int = 1, split: str = "train", seed: int = 0):
+                 length: int = 100000, channels: int = 1, split: str = "train", seed: int = 0,
+                 static_fraction: float = 0.0):
         if num_digits < 1:
             raise ValueError(f"data.num_digits={num_digits} is not allowed: use 1 or more")
+        if not 0.0 <= static_fraction <= 1.0:
+            raise ValueError(f"data.static_fraction={static_fraction} is not allowed: use a number in [0, 1]")
+        self.static_fraction = static_fraction
         images, labels = load_mnist10k(split)
         self.digit = min(28, resolution * 7 // 16)
         if self.digit < 4:
@@ -55,13 +65,17 @@ class MovingMNISTDataset(Dataset):
         """What clip ``i`` shows, drawn from its own generator: (images (nd,) into ``self.digits``,
         directions (nd,), start rows (nd,), start columns (nd,)), with the speed ``self.step``."""
         rng = np.random.default_rng([self.seed, i])
+        # drawn from a generator of its own, so that with static_fraction=0 every clip is unchanged
+        still = self.static_fraction > 0 and np.random.default_rng([self.seed, i, 1]).random() < self.static_fraction
         free = self.resolution - self.digit
         travel = self.step * (self.num_frames - 1)
         ks, names, ys, xs = [], [], [], []
         for _ in range(self.num_digits):
             k = int(rng.integers(len(self.labels)))
             name = list(DIRECTIONS)[int(rng.integers(4))]
-            dy, dx = DIRECTIONS[name]
+            if still:
+                name = STILL
+            dy, dx = MOTIONS[name]
             # start where the whole path fits: moving axis leaves room for the travel
             lo_y, hi_y = (travel, free) if dy < 0 else (0, free - travel if dy > 0 else free)
             lo_x, hi_x = (travel, free) if dx < 0 else (0, free - travel if dx > 0 else free)
@@ -80,7 +94,7 @@ class MovingMNISTDataset(Dataset):
         B, nd, T, R, D = len(plans), self.num_digits, self.num_frames, self.resolution, self.digit
         t = np.arange(T, dtype=np.float64) * self.step
         k = np.array([p[0] for p in plans], np.int64)                                   # (B, nd)
-        vel = np.array([[DIRECTIONS[m] for m in p[1]] for p in plans], np.float64)      # (B, nd, 2)
+        vel = np.array([[MOTIONS[m] for m in p[1]] for p in plans], np.float64)         # (B, nd, 2)
         y0 = np.array([p[2] for p in plans], np.float64)
         x0 = np.array([p[3] for p in plans], np.float64)
         # positions rounded half to even on the float64 path, the same numbers on every device
@@ -126,5 +140,10 @@ class MovingMNISTDataset(Dataset):
     def all_captions(self) -> list[str]:
         """Every caption a clip can have (for a text-embedding cache)."""
         one = [(d, m) for d in range(10) for m in DIRECTIONS]
-        return [clip_caption([c[0] for c in combo], [c[1] for c in combo])
-                for combo in itertools.product(one, repeat=self.num_digits)]
+        moving = [clip_caption([c[0] for c in combo], [c[1] for c in combo])
+                  for combo in itertools.product(one, repeat=self.num_digits)]
+        if not self.static_fraction:
+            return moving
+        still = [clip_caption(list(ds), [STILL] * self.num_digits)
+                 for ds in itertools.product(range(10), repeat=self.num_digits)]
+        return moving + still
