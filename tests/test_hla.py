@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mediagen.attention.hla import HLAttention
+from mediagen.text.attention.hla import HLAttention
 from mediagen.kernels.hla import (bucket_representatives, chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
                                   hla_chunked, hla_recurrent, select_chunks)
 from mediagen.kernels.hla.chunk import pad_to_chunks

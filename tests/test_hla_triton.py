@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mediagen.attention.hla import HLAttention
+from mediagen.text.attention.hla import HLAttention
 from mediagen.kernels.hla import bucket_representatives, chunk_summaries
 from mediagen.kernels.hla import triton_readout
 from mediagen.kernels.hla.readout import hla_readout_reference

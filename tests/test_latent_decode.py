@@ -6,8 +6,8 @@ torch decode step and its full forward. On a CPU the kernels run in Triton's int
 import pytest
 import torch
 
-from mediagen.attention import MLRAttention
-from mediagen.attention.rope import rope_tables
+from mediagen.text.attention import MLRAttention
+from mediagen.text.attention.rope import rope_tables
 from mediagen.kernels.latent_decode import (decode_prepare, decode_prepare_reference, latent_decode,
                                             latent_decode_reference)
 from mediagen.kernels.latent_decode import triton_kernel
@@ -184,7 +184,7 @@ def test_absorbed_decode_equals_full_forward(branches):
 
 def test_failed_absorbed_step_leaves_the_cache_as_it_was(monkeypatch):
     """A step that fails before its slot is written does not count the slot (DecodeCache.next_slot)."""
-    import mediagen.attention.mlra as mlra_module
+    import mediagen.text.attention.mlra as mlra_module
     layer = MLRAttention(64, 4).to(DEVICE).eval()
     layer.decode_backend = "triton"
     cache = layer.new_cache(1, 4)

@@ -20,17 +20,27 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "mediagen"
 
 # Lowest first. "data" holds the shipped datasets (numpy only); "__init__" is the package façade
-# (``import mediagen``) and "cli" the console script, which reach every subcommand.
+# (``import mediagen``) and "cli" the console script, which reach every subcommand. "text" is the
+# text-encoder stack: above "attention" (its softmax mixer reuses SDPAttention) and below "models",
+# so the diffusion attentions never depend on it.
 LAYERS = (
     ("data",),
     ("kernels",),
     ("attention",),
+    ("text",),
     ("models",),
     ("pipelines",),
     ("training", "eval"),
     ("app", "cli", "__init__"),
 )
 LAYER_OF = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+
+# Parts that are layered inside as well, lowest first, by the subpackage below them: the same rule
+# holds between their subpackages (the text kernels run without the text modules, the text modules
+# without the encoders). "__init__" is the part's own package module.
+SUBLAYERS = {
+    "text": (("kernels",), ("attention",), ("encoders",), ("__init__",)),
+}
 
 # Imports between the two parts of one layer. Each is an exception to remove, not a pattern: the
 # shared code belongs one layer down (docs/DESIGN.md, "Layers and imports").
@@ -46,6 +56,12 @@ def part_of(module: str) -> str:
     """The top-level part of ``mediagen.<part>...`` ("__init__" for ``mediagen`` itself)."""
     pieces = module.split(".")
     return pieces[1] if len(pieces) > 1 else "__init__"
+
+
+def subpart_of(module: str) -> str:
+    """The subpackage of ``mediagen.<part>.<sub>...`` ("__init__" for ``mediagen.<part>`` itself)."""
+    pieces = module.split(".")
+    return pieces[2] if len(pieces) > 2 else "__init__"
 
 
 def imported_modules(path: Path, root: Path):
@@ -73,6 +89,13 @@ def module_part(path: Path, root: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
+def module_subpart(path: Path, root: Path) -> str:
+    """The subpackage of a module inside a part, "__init__" for the part's own ``__init__.py``; a
+    plain module directly in the part counts as a subpackage of its name."""
+    rel = path.relative_to(root)
+    return "__init__" if len(rel.parts) == 2 and rel.name == "__init__.py" else Path(rel.parts[1]).stem
+
+
 def cross_imports(root: Path = PACKAGE):
     """(file, line, importer part, imported module) for every import between two parts."""
     for path in sorted(root.rglob("*.py")):
@@ -82,9 +105,32 @@ def cross_imports(root: Path = PACKAGE):
                 yield path.relative_to(root.parent).as_posix(), line, src, name
 
 
+def sub_imports(root: Path = PACKAGE):
+    """(file, line, part, importer subpackage, imported module) for every import between two
+    subpackages of one part listed in SUBLAYERS."""
+    for part in SUBLAYERS:
+        for path in sorted((root / part).rglob("*.py")):
+            src = module_subpart(path, root)
+            for line, name in imported_modules(path, root):
+                if part_of(name) == part and subpart_of(name) != src:
+                    yield path.relative_to(root.parent).as_posix(), line, part, src, name
+
+
 def violations(root: Path = PACKAGE):
-    """Imports that go up a layer, into an unknown part, or sideways without being listed."""
+    """Imports that go up a layer, into an unknown part, or sideways without being listed; inside a
+    part of SUBLAYERS the same between its subpackages (no sideways exceptions there)."""
     found = []
+    for file, line, part, src, name in sub_imports(root):
+        order = {sub: level for level, subs in enumerate(SUBLAYERS[part]) for sub in subs}
+        dst = subpart_of(name)
+        if src not in order or dst not in order:
+            found.append(f"{file}:{line} imports {name}: {part}.{src if src not in order else dst} has no "
+                         f"sub-layer (add it to SUBLAYERS here and to docs/DESIGN.md)")
+        elif order[dst] > order[src]:
+            found.append(f"{file}:{line} imports {name}: {part}.{src} may not import {part}.{dst} (a higher layer)")
+        elif order[dst] == order[src]:
+            found.append(f"{file}:{line} imports {name}: {part}.{src} and {part}.{dst} share a layer and do not "
+                         f"import each other")
     for file, line, src, name in cross_imports(root):
         dst = part_of(name)
         if src not in LAYER_OF or dst not in LAYER_OF:
@@ -111,17 +157,20 @@ def test_checker_sees_real_and_planted_imports(tmp_path):
     """The checker finds the imports the package is known to have, and flags a planted upward one
     (relative, inside a function) as well as a sideways one."""
     assert any(src == "attention" and part_of(name) == "kernels" for _, _, src, name in cross_imports())
+    assert any(src == "text" and part_of(name) == "attention" for _, _, src, name in cross_imports())
     root = tmp_path / "mediagen"
-    for part in ("kernels", "models", "training", "eval"):
+    for part in ("kernels", "models", "training", "eval", "text", "text/attention"):
         (root / part).mkdir(parents=True)
         (root / part / "__init__.py").write_text("")
     (root / "models" / "spec.py").write_text("import math\n")
     (root / "kernels" / "op.py").write_text("def f():\n    from ..models.spec import math\n")
     (root / "training" / "loop.py").write_text("from mediagen.eval import fid\n")
+    (root / "text" / "attention" / "mix.py").write_text("from ..encoders import load\n")
     found = violations(root)
-    assert len(found) == 2
-    assert "mediagen/kernels/op.py:2 imports mediagen.models.spec" in found[0]
-    assert "training and eval share a layer" in found[1]
+    assert len(found) == 3
+    assert "mediagen/text/attention/mix.py:1 imports mediagen.text.encoders: text.attention may not import" in found[0]
+    assert "mediagen/kernels/op.py:2 imports mediagen.models.spec" in found[1]
+    assert "training and eval share a layer" in found[2]
 
 
 # --- one source per name: the command line and the app read the spec's lists -------------------------

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mediagen.attention.mlra import MLRAttention
+from mediagen.text.attention.mlra import MLRAttention
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -154,7 +154,7 @@ def test_bad_arguments_raise():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_tables_equal_apply_rope_bit_for_bit(dtype):
-    from mediagen.attention.rope import apply_rope, apply_rope_tables, rope_cos_sin, rope_tables
+    from mediagen.text.attention.rope import apply_rope, apply_rope_tables, rope_cos_sin, rope_tables
 
     x = torch.randn(3, 7, 4, 16).to(dtype)
     pos = torch.randint(0, 5000, (7,))

@@ -9,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .cache import DecodeCache
 from .masks import sdpa_mask
-from .sdpa import SDPAttention
+from ...attention.sdpa import SDPAttention
 
 
 class MultiHeadSelfAttention(nn.Module):

@@ -36,14 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
+from ...kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
                            hla_chunked)
-from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
-from ..kernels.hla.readout import hla_fused_forward
-from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
+from ...kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
+from ...kernels.hla.readout import hla_fused_forward
+from ...kernels.hla.router import chunk_routed_gates, chunk_routing_order
 
 try:  # the fused input pass (importing it registers the custom op mediagen::hla_prepare)
-    from ..kernels.hla.triton_prepare import hla_prepare
+    from ...kernels.hla.triton_prepare import hla_prepare
 except ImportError:  # pragma: no cover - platform without triton
     hla_prepare = None
 
