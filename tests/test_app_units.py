@@ -274,3 +274,14 @@ def test_fresh_benchmark_warms_up_repeats_and_reports_the_spread(monkeypatch):
     rows = bench_results.fresh_rows("cpu", repeats=3)
     assert rows == [{"method": "sdpa", "N": 64, "fwd_ms": 2.0, "fwd_min_ms": 1.0, "fwd_max_ms": 3.0, "runs": 3}]
     assert "| sdpa | 64 | 2.000 | 1.000–3.000 | 3 |" in bench_results.markdown(rows)
+
+
+def test_video_scores_measure_subject_and_background_apart():
+    from mediagen.app.scores import video_scores
+    from mediagen.training.data.moving_mnist import MovingMNISTDataset
+
+    frames, _, _ = MovingMNISTDataset(resolution=64, num_frames=8, split="held_out", seed=1).clip(0)
+    real = video_scores(frames[..., None], "the digit 3 moves left")
+    noise = video_scores(np.random.default_rng(0).random((8, 64, 64, 1)), None)
+    assert real["subject_consistency"] != real["background_consistency"]   # two features, not one score twice
+    assert real["subject_consistency"] > noise["subject_consistency"] + 0.05

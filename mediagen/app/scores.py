@@ -4,8 +4,8 @@ Images: the shipped MNIST digit classifier. For a class-conditional digit (or a 
 digit) ``digit_prob`` is the classifier's probability of the asked-for digit; ``confidence`` is its
 top probability (how digit-like the image is, whatever the digit). Images are made grey and
 resized to 28x28 first, so any output size works.
-Videos: the VBench-style dimensions of ``mediagen.eval`` with network-free pixel features for
-subject/background consistency, the Moving-MNIST semantic scores when the prompt names digits, and
+Videos: the VBench-style dimensions of ``mediagen.eval`` (subject consistency on the digit
+classifier's features of the crop around the ink, background consistency on whole-frame pixels), the Moving-MNIST semantic scores when the prompt names digits, and
 the VBench Quality / Semantic / Total aggregates. A dimension a clip is too short for is left out.
 """
 
@@ -56,9 +56,12 @@ def video_scores(video: np.ndarray, prompt: str | None, fps: float | None = None
         frames = np.repeat(frames, 3, axis=-1)
     raw: dict[str, float] = {}
     if len(frames) >= 2:
-        feats = extract_features(list(frames), get_frame_extractor("pixels"), 32, progress=False)
-        total, count = q.consistency_from_features(feats)
-        raw["subject_consistency"] = raw["background_consistency"] = total / count
+        # the subject on the digit classifier's features of the crop around the ink, the background on
+        # whole-frame pixels: two measurements, so Quality does not count one score twice
+        for key, features in (("subject_consistency", "digit-crop"), ("background_consistency", "pixels")):
+            feats = extract_features(list(frames), get_frame_extractor(features), 32, progress=False)
+            total, count = q.consistency_from_features(feats)
+            raw[key] = total / count
         raw["temporal_flickering"] = q.temporal_flickering(frames)
         raw["dynamic_degree"] = float(q.dynamic_degree(frames, fps))
     if len(frames) >= 3:
