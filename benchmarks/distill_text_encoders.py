@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from mediagen.kernels.hla import fla_available  # noqa: E402
+from mediagen.text.kernels.hla import fla_available  # noqa: E402
 from mediagen.models.text_encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,  # noqa: E402
                                            load_minilm, load_minilm_tokenizer, load_text_encoder, make_prompts,
                                            sentence_similarity)

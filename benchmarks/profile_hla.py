@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import mediagen.kernels.hla.chunk as chunk_module  # noqa: E402
-import mediagen.kernels.hla.readout as readout_module  # noqa: E402
 import mediagen.text.attention.hla as hla_module  # noqa: E402
+import mediagen.text.kernels.hla.chunk as chunk_module  # noqa: E402
+import mediagen.text.kernels.hla.readout as readout_module  # noqa: E402
 
 # (module, function name): the stages of HLAttention.forward, as it calls them
 STAGES = [(hla_module, "pad_to_chunks"), (hla_module, "bucket_representatives"), (hla_module, "chunk_gates"),

@@ -19,7 +19,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mediagen.text.attention.hla import HLAttention  # noqa: E402
-from mediagen.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_triton  # noqa: E402
+from mediagen.text.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_triton  # noqa: E402
 
 
 def main(argv=None):

@@ -30,7 +30,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mediagen.eval.timing import measure  # noqa: E402
-from mediagen.kernels.hla import fla_available  # noqa: E402
+from mediagen.text.kernels.hla import fla_available  # noqa: E402
 from mediagen.models.text_encoders import MediagenTextEncoder  # noqa: E402
 from mediagen.text.attention import MLRAttention, MultiHeadSelfAttention  # noqa: E402
 

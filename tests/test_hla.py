@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from mediagen.text.attention.hla import HLAttention
-from mediagen.kernels.hla import (bucket_representatives, chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
+from mediagen.text.kernels.hla import (bucket_representatives, chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
                                   hla_chunked, hla_recurrent, select_chunks)
-from mediagen.kernels.hla.chunk import pad_to_chunks
+from mediagen.text.kernels.hla.chunk import pad_to_chunks
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -159,7 +159,7 @@ def test_fla_inference_op_matches_the_training_call():
     passes torch.library's checks (fake implementation, schema). (No backward here: fla 0.6 refuses its
     gated backward under triton < 3.7.1 on Hopper, the GPU image's triton 3.6.)"""
     pytest.importorskip("fla")
-    from mediagen.kernels.hla.fla_backend import gdn_chunk_states_fla
+    from mediagen.text.kernels.hla.fla_backend import gdn_chunk_states_fla
     q, k, v, la, be = (t.cuda() for t in inputs(b=1, n=128, h=2, dk=32, dv=32))
     q, k, v, be = (t.bfloat16() for t in (q, k, v, be))
     la = la.float()
@@ -202,8 +202,8 @@ def test_one_chunk_is_gated_deltanet_without_the_router():
 def test_chunk_routing_reads_only_its_top_k_chunks():
     """route='chunk': the k chosen chunks per query chunk with their per-token gates, others skipped;
     equal to the dense walk with every other gate set to 0."""
-    from mediagen.kernels.hla.chunk import hla_chunked_indexed
-    from mediagen.kernels.hla.router import chunk_routed_gates
+    from mediagen.text.kernels.hla.chunk import hla_chunked_indexed
+    from mediagen.text.kernels.hla.router import chunk_routed_gates
 
     torch.manual_seed(0)
     m = HLAttention(16, 2, chunk=4, pool=2, top_k=2, route="chunk").double()

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from mediagen.kernels.hla import triton_prepare
-from mediagen.kernels.hla.triton_prepare import hla_prepare_reference, hla_prepare_triton
+from mediagen.text.kernels.hla import triton_prepare
+from mediagen.text.kernels.hla.triton_prepare import hla_prepare_reference, hla_prepare_triton
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ON_GPU = torch.cuda.is_available()

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from mediagen.text.attention.hla import HLAttention
-from mediagen.kernels.hla import bucket_representatives, chunk_summaries
-from mediagen.kernels.hla import triton_readout
-from mediagen.kernels.hla.readout import hla_readout_reference
-from mediagen.kernels.hla.router import chunk_routing_order
-from mediagen.kernels.hla.triton_readout import hla_readout_triton
+from mediagen.text.kernels.hla import bucket_representatives, chunk_summaries
+from mediagen.text.kernels.hla import triton_readout
+from mediagen.text.kernels.hla.readout import hla_readout_reference
+from mediagen.text.kernels.hla.router import chunk_routing_order
+from mediagen.text.kernels.hla.triton_readout import hla_readout_triton
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ON_GPU = torch.cuda.is_available()

@@ -8,9 +8,9 @@ import torch
 
 from mediagen.text.attention import MLRAttention
 from mediagen.text.attention.rope import rope_tables
-from mediagen.kernels.latent_decode import (decode_prepare, decode_prepare_reference, latent_decode,
+from mediagen.text.kernels.latent_decode import (decode_prepare, decode_prepare_reference, latent_decode,
                                             latent_decode_reference)
-from mediagen.kernels.latent_decode import triton_kernel
+from mediagen.text.kernels.latent_decode import triton_kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

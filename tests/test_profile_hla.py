@@ -5,7 +5,7 @@ import importlib.util
 from pathlib import Path
 
 import mediagen.text.attention.hla as hla_module
-import mediagen.kernels.hla.chunk as chunk_module
+import mediagen.text.kernels.hla.chunk as chunk_module
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_hla.py"
 

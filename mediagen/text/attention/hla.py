@@ -5,7 +5,7 @@ GDN keeps h_t = alpha_t (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T and re
 HLA summarises each chunk of C tokens as an exact affine map h <- A_c h + b_c and lets every query
 token soften each past chunk with its own gate g in (0, 1): A^ = g A + (1-g) I, b^ = g b (the current
 chunk is read in full). Gates come from pooled bucket representatives of the past chunk's keys
-(see ``mediagen.kernels.hla.router``). With all gates at 1 this is exactly GDN.
+(see ``mediagen.text.kernels.hla.router``). With all gates at 1 this is exactly GDN.
 
 The walk over all earlier chunks is O((N/C)^2) small GEMMs. Beyond the paper, ``top_k`` (keep the k
 past chunks with the largest mean gate per query chunk) or ``gate_threshold`` (drop past chunks no
@@ -36,14 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
+from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
                            hla_chunked)
-from ...kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
-from ...kernels.hla.readout import hla_fused_forward
-from ...kernels.hla.router import chunk_routed_gates, chunk_routing_order
+from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
+from ..kernels.hla.readout import hla_fused_forward
+from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
 
 try:  # the fused input pass (importing it registers the custom op mediagen::hla_prepare)
-    from ...kernels.hla.triton_prepare import hla_prepare
+    from ..kernels.hla.triton_prepare import hla_prepare
 except ImportError:  # pragma: no cover - platform without triton
     hla_prepare = None
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.latent_decode import decode_prepare, latent_decode
+from ..kernels.latent_decode import decode_prepare, latent_decode
 from .cache import DecodeCache
 from .masks import sdpa_mask
 from .rope import apply_rope_tables, rope_tables

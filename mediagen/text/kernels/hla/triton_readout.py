@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_dot import dot as _dot
+from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/kernels
 
 POISON_OUTPUTS = False  # tests set this: outputs start as NaN, so an unwritten element shows
 # launch settings: BT tokens per program (by padded head dim, up to 64 or 128), warps, pipeline

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_dot import dot as _dot
+from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/kernels
 
 _LOG2E = 1.4426950408889634
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..triton_dot import dot as _dot
+from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/kernels
 from .chunk import pad_to_chunks
 from .router import bucket_representatives
 
