@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from mediagen.text.encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,  # noqa: E402
+                                    load_minilm, load_minilm_tokenizer, load_text_encoder, make_prompts,
+                                    sentence_similarity)
 from mediagen.text.kernels.hla import fla_available  # noqa: E402
-from mediagen.models.text_encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,  # noqa: E402
-                                           load_minilm, load_minilm_tokenizer, load_text_encoder, make_prompts,
-                                           sentence_similarity)
 from mediagen.training.data.moving_mnist import DIRECTIONS, clip_caption  # noqa: E402
 
 FOLDERS = {"mlra2": "text-mlra", "hla": "text-hla"}                  # what mediagen/app/models.py looks for

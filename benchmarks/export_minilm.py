@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mediagen.models.text_encoders.minilm import minilm_path  # noqa: E402
+from mediagen.text.encoders.minilm import minilm_path  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -30,9 +30,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mediagen.eval.timing import measure  # noqa: E402
-from mediagen.text.kernels.hla import fla_available  # noqa: E402
-from mediagen.models.text_encoders import MediagenTextEncoder  # noqa: E402
 from mediagen.text.attention import MLRAttention, MultiHeadSelfAttention  # noqa: E402
+from mediagen.text.encoders import MediagenTextEncoder  # noqa: E402
+from mediagen.text.kernels.hla import fla_available  # noqa: E402
 
 # encoder variants: name -> MediagenTextEncoder config overrides
 VARIANTS = {
@@ -222,7 +222,7 @@ def distilled_skipping_table(args, device, dtype):
     """Chunk skipping on the distilled (shipped) HLA encoder, no retraining: mean token cosine to the
     same encoder without skipping on long documents of held-out prompts (prompts alone are shorter than
     one chunk, where skipping changes nothing)."""
-    from mediagen.models.text_encoders import load_text_encoder, make_prompts
+    from mediagen.text.encoders import load_text_encoder, make_prompts
     enc = load_text_encoder(args.skip_distilled, torch_dtype=dtype, device=device)
     heldout = make_prompts(512, "heldout")
     lines = [f"| variant | token cosine to full HLA, {args.skip_length}-token documents |", "|---|---|"]
@@ -237,8 +237,8 @@ def distilled_skipping_table(args, device, dtype):
 
 def quality_table(args, device):
     """Distil each attention from MiniLM, then held-out sentence-embedding cosine to MiniLM."""
-    from mediagen.models.text_encoders import (DistillConfig, distill, encoder_from_minilm, load_minilm,
-                                               load_minilm_tokenizer, make_prompts, sentence_similarity)
+    from mediagen.text.encoders import (DistillConfig, distill, encoder_from_minilm, load_minilm,
+                                        load_minilm_tokenizer, make_prompts, sentence_similarity)
     teacher, tok = load_minilm(device=device), load_minilm_tokenizer()
     heldout = make_prompts(512, "heldout")
     lines = [f"| encoder | held-out sentence cos, init | after {args.distill_steps} distill steps |",

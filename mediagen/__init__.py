@@ -13,7 +13,7 @@ _EXPORTS = {
     "MHLASanaTransformer2DModel": "mediagen.models.converted",
     "IdentityAutoencoder": "mediagen.models.identity_autoencoder",
     "ByteTextEncoder": "mediagen.models.byte_text_encoder",
-    "MediagenTextEncoder": "mediagen.models.text_encoders.encoder",
+    "MediagenTextEncoder": "mediagen.text.encoders.encoder",
     "ClassConditionalImagePipeline": "mediagen.pipelines.class_image",
     "TextToVideoPipeline": "mediagen.pipelines.text_video",
     "TextToImagePipeline": "mediagen.pipelines.text_image",

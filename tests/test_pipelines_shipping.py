@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from mediagen.models.presets import build_transformer
-from mediagen.models.text_encoders import load_text_encoder
 from mediagen.pipelines import build_pipeline
 from mediagen.pipelines.building import pipeline_around
 from mediagen.pipelines.schedulers import make_scheduler
 from mediagen.pipelines.shipping import TEXT_ENCODER_REF, save_shipped_pipeline
 from mediagen.pipelines.text_video import TextToVideoPipeline
+from mediagen.text.encoders import load_text_encoder
 
 
 def test_shipped_video_pipeline_references_minilm_and_generates_the_same(tmp_path):

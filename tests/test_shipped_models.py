@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mediagen.eval.digit_classifier import classify_digits
-from mediagen.models.text_encoders import load_minilm, load_text_encoder, make_prompts, sentence_similarity
 from mediagen.pipelines import build_pipeline
 from mediagen.pipelines.shipping import checkpoints_dir, shipped_checkpoint
+from mediagen.text.encoders import load_minilm, load_text_encoder, make_prompts, sentence_similarity
 
 IMAGE_MODELS = ("image-sdpa", "image-mhla", "image-linear")
 VIDEO_MODELS = ("video-sdpa", "video-mhla")

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mediagen.models.text_encoders import (DistillConfig, MediagenTextEncoder, PromptEncoder, distill,
-                                           encoder_from_minilm, is_slim, load_minilm, load_minilm_tokenizer,
-                                           load_text_encoder, make_prompts, minilm_path)
-from mediagen.models.text_encoders.distill import trainable_names
-from mediagen.models.text_encoders.slim import SLIM_KEY, SLIM_WEIGHTS
+from mediagen.text.encoders import (DistillConfig, MediagenTextEncoder, PromptEncoder, distill,
+                                    encoder_from_minilm, is_slim, load_minilm, load_minilm_tokenizer,
+                                    load_text_encoder, make_prompts, minilm_path)
+from mediagen.text.encoders.distill import trainable_names
+from mediagen.text.encoders.slim import SLIM_KEY, SLIM_WEIGHTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

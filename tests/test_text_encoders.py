@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-from mediagen.models.text_encoders import (ATTENTIONS, DistillConfig, MediagenTextEncoder, PromptEncoder, distill,
-                                           encoder_from_minilm, load_minilm_tokenizer,
-                                           load_text_encoder, make_prompts, sentence_similarity)
-from mediagen.models.text_encoders.distill import distillation_loss
+from mediagen.text.encoders import (ATTENTIONS, DistillConfig, MediagenTextEncoder, PromptEncoder, distill,
+                                    encoder_from_minilm, load_minilm_tokenizer,
+                                    load_text_encoder, make_prompts, sentence_similarity)
+from mediagen.text.encoders.distill import distillation_loss
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -172,7 +172,7 @@ def test_calibration_is_cached_by_content(tmp_path, monkeypatch, caplog):
     back exactly without calibrating; other inputs get another entry; a damaged entry is recomputed."""
     from safetensors.torch import load_file
 
-    from mediagen.models.text_encoders import from_minilm
+    from mediagen.text.encoders import from_minilm
 
     first = encoder_from_minilm("mlra2", calibration_prompts=8, num_layers=1, cache_dir=tmp_path)
     files = sorted(tmp_path.glob("mlra2-*.safetensors"))
@@ -199,7 +199,7 @@ def test_calibration_is_cached_by_content(tmp_path, monkeypatch, caplog):
 
 
 def test_names_use_the_cache_and_reach_the_distilled_encoders(tmp_path, monkeypatch):
-    from mediagen.models.text_encoders import DISTILLED, NAMES, distilled_path
+    from mediagen.text.encoders import DISTILLED, NAMES, distilled_path
     from mediagen.pipelines.shipping import checkpoints_dir
 
     monkeypatch.setenv("MEDIAGEN_CACHE_DIR", str(tmp_path))
@@ -221,7 +221,7 @@ def test_names_use_the_cache_and_reach_the_distilled_encoders(tmp_path, monkeypa
 def test_distilled_encoder_is_close_to_minilm_on_both_sentence_sets():
     """Measured (compare.py, the full sets): HLA distilled 0.987 mean cosine on the templates, 0.721 on the
     varied sentences; MLRA-2 distilled 0.987 / 0.642. The floors leave room for other CPUs' rounding."""
-    from mediagen.models.text_encoders.compare import VARIED, similarity_table, template_prompts
+    from mediagen.text.encoders.compare import VARIED, similarity_table, template_prompts
 
     assert len(VARIED) == 30 and len(set(VARIED)) == 30 and "the digit 3 moves left" in template_prompts()
     (row,) = similarity_table(["minilm-hla-distilled"], {"varied": VARIED[:10], "templates": template_prompts()[::5]})

@@ -302,7 +302,7 @@ class ModelCache:
             return self._encoder_locks.setdefault(label, threading.Lock())
 
     def _load_encoder(self, label: str):
-        from ..models.text_encoders import load_text_encoder
+        from ..text.encoders import load_text_encoder
 
         options = self.models.text_encoder_options.get(label, {})
         encoder = load_text_encoder(self.models.text_encoders[label], torch_dtype=self.dtype, device=self.device,

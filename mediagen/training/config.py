@@ -54,7 +54,7 @@ class ModelConfig:
     grid: Optional[list[int]] = None        # token grid MHLA is chosen for (Wan needs it or blocks)
     attention_options: dict[str, Any] = field(default_factory=dict)  # feature_map, out_norm, rope, ...
     text_encoder: str = "byte"              # "byte" (ByteTextEncoder, frozen, seeded) or a name for
-                                            # mediagen.models.text_encoders.load_text_encoder
+                                            # mediagen.text.encoders.load_text_encoder
     text_max_length: int = 32
     vae: Optional[str] = None               # None: pixel space (IdentityAutoencoder); else an autoencoder folder
     gradient_checkpointing: bool = False

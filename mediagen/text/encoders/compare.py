@@ -5,7 +5,7 @@ mean-pooled, l2-normalised last hidden states (MiniLM's sentence embedding), per
               unlike the image-prompt corpus the encoders were calibrated and distilled on
   templates   the Moving-MNIST captions the video models are trained with ("the digit 3 moves left")
 
-    python -m mediagen.models.text_encoders.compare [--names minilm-hla-distilled ...] [--json out.json]
+    python -m mediagen.text.encoders.compare [--names minilm-hla-distilled ...] [--json out.json]
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from ...text.attention import HLAttention, MLRAttention, MultiHeadSelfAttention
+from ..attention import HLAttention, MLRAttention, MultiHeadSelfAttention
 from .output import TextEncoderOutput
 
 ATTENTIONS = ("sdpa", "mlra2", "mlra4", "hla")

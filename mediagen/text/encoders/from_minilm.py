@@ -39,7 +39,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ...text.attention import HLAttention, MLRAttention, MultiHeadSelfAttention
+from ..attention import HLAttention, MLRAttention, MultiHeadSelfAttention
 from .encoder import MediagenTextEncoder
 from .minilm import load_minilm, load_minilm_tokenizer, minilm_path
 from .prompts import make_prompts
