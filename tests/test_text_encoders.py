@@ -226,3 +226,12 @@ def test_distilled_encoder_is_close_to_minilm_on_both_sentence_sets():
     assert len(VARIED) == 30 and len(set(VARIED)) == 30 and "the digit 3 moves left" in template_prompts()
     (row,) = similarity_table(["minilm-hla-distilled"], {"varied": VARIED[:10], "templates": template_prompts()[::5]})
     assert row["templates_mean"] > 0.97 and row["varied_mean"] > 0.6
+
+
+def test_pipelines_saved_with_the_former_encoder_path_still_find_the_class():
+    import importlib
+
+    from mediagen.text.encoders.encoder import MediagenTextEncoder
+
+    old = importlib.import_module("mediagen.models.text_encoders.encoder")    # as model_index.json names it
+    assert old.MediagenTextEncoder is MediagenTextEncoder
