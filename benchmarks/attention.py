@@ -1,7 +1,7 @@
 """Attention benchmark on the GPU: Triton MHLA (both algorithms), the plain-PyTorch reference and
 every SDPA backend, forward and forward+backward, at DESIGN.md's shapes, in one run.
 
-    python benchmarks/attention.py [--out benchmarks/attention-latest.md] [--shapes Wan,SANA] [--methods "mhla triton,cudnn"]
+    python -m benchmarks.attention [--out benchmarks/attention-latest.md] [--shapes Wan,SANA] [--methods "mhla triton,cudnn"]
         [--json mediagen/eval/recorded/attention_latency.json]
 
 "--json" records the rows in the latency file the package ships (the app's Benchmarks tab plots it):
@@ -13,14 +13,12 @@ kernels' own time. benchmarks/sweep_mhla.py tunes the kernels' launch settings.
 
 import argparse
 import datetime
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mediagen.eval.attention_bench import GPU_SHAPES, bench_attention, markdown_table  # noqa: E402
-from mediagen.eval.bench_report import record_attention_run  # noqa: E402
+from mediagen.eval.attention_bench import GPU_SHAPES, bench_attention, markdown_table
+from mediagen.eval.bench_report import record_attention_run
 
 
 def main():
@@ -45,7 +43,7 @@ def main():
         rows += new
         head = (f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
                 f"{args.dtype} · copy bandwidth {bw / 1e12:.2f} TB/s (read+write)\n"
-                f"command: python benchmarks/attention.py {' '.join(sys.argv[1:])}")
+                f"command: python -m benchmarks.attention {' '.join(sys.argv[1:])}")
         text = head + "\n\n" + markdown_table(rows)
         print(markdown_table(new), flush=True)
         if args.out:
@@ -54,7 +52,7 @@ def main():
         if args.json:
             import triton
 
-            record_attention_run(args.json, rows, command=f"python benchmarks/attention.py {' '.join(sys.argv[1:])}",
+            record_attention_run(args.json, rows, command=f"python -m benchmarks.attention {' '.join(sys.argv[1:])}",
                                  date=str(datetime.date.today()), dtype=args.dtype, copy_bandwidth_tb_s=bw / 1e12,
                                  device=f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
                                         f"triton {triton.__version__}")

@@ -62,7 +62,7 @@ train_phase() {
     done
   fi
   if [ "$FAMILY" != video ]; then
-    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/distill_text_encoders.py --out-dir "$R/text" --device cuda \
+    CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.distill_text_encoders --out-dir "$R/text" --device cuda \
       --time-limit "$DISTILL_S" > "$R/logs/distill.log" 2>&1 &
     distill=$!
     wait "${dit[@]}"

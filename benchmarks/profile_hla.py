@@ -1,7 +1,7 @@
 """Where one HLA layer's time goes, stage by stage, beside causal SDPA of the same shape.
 
-    python benchmarks/profile_hla.py [--tokens 32768] [--top-k 8] [--route chunk]
-    python benchmarks/profile_hla.py --tiny          # CPU smoke run
+    python -m benchmarks.profile_hla [--tokens 32768] [--top-k 8] [--route chunk]
+    python -m benchmarks.profile_hla --tiny          # CPU smoke run
 
 Each stage function the layer calls (gate routing, chunk summaries, the walk over past chunks, ...)
 is wrapped for the run with a timer that synchronises the device before and after it, so the
@@ -11,18 +11,15 @@ path is the real one: ``HLAttention.forward`` runs unchanged.
 
 import argparse
 import contextlib
-import os
-import sys
 import time
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import mediagen.text.attention.hla as hla_module  # noqa: E402
-import mediagen.text.kernels.hla.chunk as chunk_module  # noqa: E402
-import mediagen.text.kernels.hla.readout as readout_module  # noqa: E402
+import mediagen.text.attention.hla as hla_module
+import mediagen.text.kernels.hla.chunk as chunk_module
+import mediagen.text.kernels.hla.readout as readout_module
 
 # (module, function name): the stages of HLAttention.forward, as it calls them
 STAGES = [(hla_module, "pad_to_chunks"), (hla_module, "bucket_representatives"), (hla_module, "chunk_gates"),

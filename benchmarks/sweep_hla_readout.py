@@ -1,7 +1,7 @@
 """Launch settings of the fused HLA readout kernel at one shape: tokens per program, warps, stages.
 
-    python benchmarks/sweep_hla_readout.py [--tokens 32768] [--batch 16] [--heads 12] [--head-dim 32] [--top-k 8]
-    python benchmarks/sweep_hla_readout.py --layer --batch 16     # the whole HLA layer per setting
+    python -m benchmarks.sweep_hla_readout [--tokens 32768] [--batch 16] [--heads 12] [--head-dim 32] [--top-k 8]
+    python -m benchmarks.sweep_hla_readout --layer --batch 16     # the whole HLA layer per setting
 
 Times each setting with triton.testing.do_bench (median) on random summaries of the right shapes and
 prints a table, fastest first, with the setting currently in ``READOUT_CONFIG`` marked. With --layer it
@@ -11,15 +11,12 @@ the kernel then reads fla's strided summaries and writes the normalised token-ma
 
 import argparse
 import itertools
-import os
-import sys
 
 import torch
 import triton.testing
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mediagen.text.attention.hla import HLAttention  # noqa: E402
-from mediagen.text.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_triton  # noqa: E402
+from mediagen.text.attention.hla import HLAttention
+from mediagen.text.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_triton
 
 
 def main(argv=None):
