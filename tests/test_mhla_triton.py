@@ -317,6 +317,23 @@ def test_mix_kernel(device, M, J, D, per_head, transpose, dtype, out_dtype, prog
     assert rel_err(out, want) < (1e-5 if ieee and out_dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_mix_kernel_row_slab(device, per_head, transpose):
+    """A slab of Mc's rows (a strided view, as sequence parallelism mixes its own query blocks): out = Mc[rows]
+    @ src, or Mc[rows]^T @ src with src one row per slab row."""
+    B, H, M, X = 2, 2, 12, 16 * 16 + 16
+    rows = slice(3, 9)
+    mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
+    slab = mix[..., rows, :]
+    src = torch.randn(B, H, 6 if transpose else M, X, device=device)
+    out = triton_op.launch_mix(slab, src, 1, True, transpose=transpose)
+    a = slab.double().transpose(-1, -2) if transpose else slab.double()
+    want = torch.einsum("hik,bhkx->bhix", a.expand(H, *a.shape[-2:]), src.double())
+    assert out.shape == (B, H, M if transpose else 6, X)
+    assert rel_err(out, want) < 1e-5
+
+
 @pytest.mark.skipif(not ON_GPU, reason="bf16 products (lowp) run on a GPU only: the interpreter's bf16 dot is wrong")
 @pytest.mark.parametrize("M,J,per_head,transpose", [(60, 1, False, False), (70, 2, True, True)])
 @pytest.mark.parametrize("lowp", [True, False])

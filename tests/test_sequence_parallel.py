@@ -22,7 +22,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, per_head, seed):
+def _worker(rank, world, port, per_head, seed, rope=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -31,13 +31,18 @@ def _worker(rank, world, port, per_head, seed):
         q, k, v = (torch.randn(B, N, H, D, generator=gen, dtype=torch.float64) for _ in range(3))
         mix = torch.rand((H, M, M) if per_head else (M, M), generator=gen, dtype=torch.float64)
         g = torch.randn(B, N, H, D, generator=gen, dtype=torch.float64)
+        angles = torch.rand(N, D // 2, generator=gen, dtype=torch.float64) * 2 * math.pi
+        tables = (angles.cos(), angles.sin()) if rope else None
         full = [t.clone().requires_grad_() for t in (q, k, v, mix)]
-        ref = mhla_reference(*full, GRID, BLOCKS, feature_map="elu1")
+        ref = mhla_reference(*full, GRID, BLOCKS, feature_map="elu1", rope=tables)
         ref_grads = torch.autograd.grad(ref, full, g)
 
         local = [shard_tokens(t, GRID, BLOCKS, rank, world).float().contiguous().requires_grad_() for t in (q, k, v)]
         mix32 = mix.float().requires_grad_()
-        o = sequence_parallel_mhla(*local, mix32, GRID, BLOCKS, feature_map="elu1")
+        # each rank passes the table rows of its own tokens
+        rope32 = None if tables is None else tuple(shard_tokens(t[None], GRID, BLOCKS, rank, world)[0].float()
+                                                   for t in tables)
+        o = sequence_parallel_mhla(*local, mix32, GRID, BLOCKS, feature_map="elu1", rope=rope32)
         grads = list(torch.autograd.grad(o, (*local, mix32), shard_tokens(g, GRID, BLOCKS, rank, world).float()))
         dist.all_reduce(grads[3])  # each rank holds its query rows' share of dMc
 
@@ -57,6 +62,11 @@ def test_two_ranks_match_single_process(per_head):
     mp.spawn(_worker, args=(2, _free_port(), per_head, int(torch.randint(0, 2**31, ()).item())), nprocs=2)
 
 
+def test_two_ranks_with_rope_match_single_process():
+    """RoPE on the numerator's features: each rank rotates its own tokens with their rows of the tables."""
+    mp.spawn(_worker, args=(2, _free_port(), False, int(torch.randint(0, 2**31, ()).item()), True), nprocs=2)
+
+
 def test_shards_are_whole_blocks_covering_the_grid():
     world = 2
     spans = [shard_layout(GRID, BLOCKS, r, world)[:2] for r in range(world)]
@@ -71,7 +81,7 @@ def test_blocks_must_split_evenly():
         shard_layout(GRID, BLOCKS, 0, 3)
 
 
-def _wan_worker(rank, world, port):
+def _wan_worker(rank, world, port, rope="none"):
     from mediagen import convert
     from mediagen.models.presets import build_transformer, preset
     from mediagen.models.sequence_parallel import enable_sequence_parallel
@@ -80,7 +90,7 @@ def _wan_worker(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)  # same weights and inputs on every rank
-        model = convert(build_transformer("wan-tiny"), "mhla", blocks=(2, 2, 2)).eval()
+        model = convert(build_transformer("wan-tiny"), "mhla", blocks=(2, 2, 2), rope=rope).eval()
         p = preset("wan-tiny")
         latents = torch.randn(2, p["config"]["in_channels"], p["frames"], p["height"], p["width"])
         text = torch.randn(2, 5, p["config"]["text_dim"])
@@ -102,8 +112,9 @@ def _wan_worker(rank, world, port):
         dist.destroy_process_group()
 
 
-def test_wan_transformer_sequence_parallel_matches_single_process_with_gradients():
-    mp.spawn(_wan_worker, args=(2, _free_port()), nprocs=2)
+@pytest.mark.parametrize("rope", ["none", "features"])
+def test_wan_transformer_sequence_parallel_matches_single_process_with_gradients(rope):
+    mp.spawn(_wan_worker, args=(2, _free_port(), rope), nprocs=2)
 
 
 def _pipeline_worker(rank, world, port):

@@ -2,17 +2,25 @@
 
 Each rank holds a slab of whole blocks along the first grid axis (frames for video): with
 blocks[0] = b_F divisible by the world size P, rank r owns block rows [r*b_F/P, (r+1)*b_F/P) and so
-the contiguous token range of those rows. One layer:
+the contiguous token range of those rows. One layer runs the single-process op's chunked kernels on
+the local blocks, with the collectives between its steps:
 
-    forward   local summaries (S_b, z_b) of its M/P blocks -> all-gather (every rank: all M)
+    forward   summaries (S_b, z_b) of its M/P blocks -> all-gather (every rank: all M)
               -> mix its own query rows, S~_i = sum_b Mc[i, b] S_b -> outputs of its tokens
     backward  local dS~_i and dq -> dS_b = sum_i Mc[i, b] dS~_i over its query rows, for all b
-              -> reduce-scatter (each rank: the sum for its own blocks) -> dk, dv locally;
+              -> summed over ranks, each keeping its own blocks -> dk, dv locally;
               dMc gets this rank's rows, dMc[i, b] = <dS~_i, S_b> for its query blocks i.
 
-Bytes sent per rank and layer: the all-gather and reduce-scatter of B*H*M*(D*D + D) fp32 values,
-independent of the number of tokens at a fixed block count. Softmax attention spread over ranks
-(Ulysses all-to-all or ring passes) moves q/k/v-sized tensors instead, growing with the sequence.
+What is sent per layer, X = D*D + D values per block and head:
+    forward   all-gather: each rank sends its B*H*(M/P)*X summaries in their storage dtype
+              (bf16 for bf16 inputs, fp32 otherwise) and receives the other ranks'.
+    backward  the B*H*M*X fp32 partial dS of every rank are summed: a reduce-scatter on NCCL
+              (each rank keeps its M/P blocks); gloo has none, so there an all-reduce of all M.
+Both are independent of the number of tokens at a fixed block count; softmax attention spread over
+ranks (Ulysses all-to-all or ring passes) moves q/k/v-sized tensors instead, growing with the sequence.
+
+With ``rope`` the numerator's features are rotated as in the single-process op (rotation.py); each
+rank passes the rows of the angle tables for its own tokens, cut as q, k, v are.
 
 Like every other parameter of a sequence-parallel model, Mc's gradient on a rank is that rank's
 share: sum parameter gradients over the group (``sum_gradients``) to get the whole sequence's.
@@ -30,6 +38,7 @@ import torch.distributed as dist
 
 from ..kernels.mhla.checks import check_mhla_args
 from ..kernels.mhla.layout import block_token_lists
+from ..kernels.mhla.rotation import split_rope
 
 
 def shard_layout(grid, blocks, rank: int, world: int):
@@ -86,19 +95,21 @@ def _reduce_scatter_blocks(full: torch.Tensor, group) -> torch.Tensor:
 
 class _SequenceParallelMHLA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mix, order, offsets, group, normalize, eps, fcode, scale):
+    def forward(ctx, q, k, v, mix, cos, sin, order, offsets, group, normalize, eps, feature_map, scale):
         from ..kernels.mhla import triton_op as T
 
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         M = mix.shape[-1]
         m_local = M // world
         rows = slice(rank * m_local, (rank + 1) * m_local)
-        sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode)  # bf16 for bf16 inputs
+        fcode = T.FEATURE_CODES[feature_map]
+        ieee = q.dtype == torch.float32
+        sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode, cos, sin)
         sz_all = _gather_blocks(sz_local, group)
-        mix_rows = mix[..., rows, :]
-        mixed = torch.matmul(mix_rows.float(), sz_all.float())  # (B, H, M/P, X)
-        o = T.launch_apply(q, mixed.contiguous(), order, offsets, m_local, 1, normalize, eps, scale, fcode)
-        ctx.save_for_backward(q, k, v, mix, o, sz_all, mixed, order, offsets)
+        # as in the single-process op: S~ is stored as the summaries are (bf16 for bf16 inputs)
+        mixed = T.launch_mix(mix[..., rows, :], sz_all, 1, ieee, out_dtype=sz_all.dtype)
+        o = T.launch_apply(q, mixed, order, offsets, m_local, 1, normalize, eps, scale, fcode, cos, sin)
+        ctx.save_for_backward(q, k, v, mix, o, sz_all, mixed, order, offsets, cos, sin)
         ctx.args = (group, normalize, eps, fcode, scale, rows)
         return o
 
@@ -106,31 +117,35 @@ class _SequenceParallelMHLA(torch.autograd.Function):
     def backward(ctx, g):
         from ..kernels.mhla import triton_op as T
 
-        q, k, v, mix, o, sz_all, mixed, order, offsets = ctx.saved_tensors
+        q, k, v, mix, o, sz_all, mixed, order, offsets, cos, sin = ctx.saved_tensors
         group, normalize, eps, fcode, scale, rows = ctx.args
         m_local = mixed.shape[2]
+        ieee = q.dtype == torch.float32
         dq, dmixed = T.launch_query_grad(q, g.contiguous(), o, mixed, order, offsets, m_local, 1, normalize, eps,
-                                         scale, fcode)
-        mix_rows = mix[..., rows, :].float()
-        dmixed = dmixed.float()  # stored as the summaries are: bf16 for bf16 inputs
-        dsz_all = torch.matmul(mix_rows.transpose(-1, -2), dmixed)           # (B, H, M, X), our rows' part
+                                         scale, fcode, cos, sin)
+        mix_rows = mix[..., rows, :]
+        # dS_b = sum over this rank's query rows of Mc[i, b] dS~_i, in fp32: the ranks' parts are summed next
+        dsz_all = T.launch_mix(mix_rows, dmixed, 1, ieee, transpose=True, out_dtype=torch.float32)
         dsz_local = _reduce_scatter_blocks(dsz_all, group)
-        dk, dv = T.launch_key_grad(k, v, dsz_local, order, offsets, m_local, 1, fcode)
-        drows = torch.matmul(dmixed, sz_all.float().transpose(-1, -2)).sum(0)  # (H, M/P, M)
+        dk, dv = T.launch_key_grad(k, v, dsz_local, order, offsets, m_local, 1, fcode, cos, sin)
+        # dMc[i, b] = <dS~_i, S_b> for this rank's rows only (the mix_grad kernel fills square Mc)
+        drows = torch.matmul(dmixed.float(), sz_all.float().transpose(-1, -2)).sum(0)  # (H, M/P, M)
         dmix = torch.zeros(mix.shape, device=mix.device, dtype=torch.float32)
         if mix.dim() == 3:
             dmix[:, rows] = drows
         else:
             dmix[rows] = drows.sum(0)
-        return dq, dk, dv, dmix.to(mix.dtype), None, None, None, None, None, None, None
+        return dq, dk, dv, dmix.to(mix.dtype), *(None,) * 9
 
 
 def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=True, eps=1e-6, feature_map=None,
-                           scale=None):
+                           scale=None, rope=None):
     """MHLA over a token grid sharded across the ranks of ``group`` by whole blocks.
 
     q, k, v: this rank's slab (B, N_r, H, D), as ``shard_tokens`` cuts it; grid and blocks are the
-    global ones; mix (M, M) or (H, M, M) is replicated. Returns this rank's output slab.
+    global ones; mix (M, M) or (H, M, M) is replicated. ``rope``: None or the (cos, sin) angle tables
+    of this rank's tokens, (N_r, D/2) rows of the tables ``mhla`` takes, cut as ``shard_tokens`` cuts
+    (dim 0). Returns this rank's output slab.
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     first, end, order, offsets = _device_layout(tuple(grid), tuple(blocks), rank, world, q.device)
@@ -143,9 +158,9 @@ def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=
     check_mhla_args(stand_in, stand_in, stand_in, mix, grid, blocks, normalize, eps, feature_map, scale)
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have one shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    fcode = {None: 0, "relu": 1, "elu1": 2}[feature_map]
-    return _SequenceParallelMHLA.apply(q, k, v, mix, order, offsets, group, normalize,
-                                       float(eps), fcode, 1.0 if scale is None else float(scale))
+    cos, sin = split_rope(rope, q)  # rows numbered from ``first``, as the local order numbers the tokens
+    return _SequenceParallelMHLA.apply(q, k, v, mix, cos, sin, order, offsets, group, normalize, float(eps),
+                                       feature_map or "none", 1.0 if scale is None else float(scale))
 
 
 def sum_gradients(module: torch.nn.Module, group=None) -> None:

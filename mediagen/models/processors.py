@@ -100,12 +100,12 @@ class GridSelfAttnProcessor(nn.Module):
             raise ValueError(f"hidden_states must be (B, N, C); got shape {tuple(hidden_states.shape)}")
         residual = hidden_states
         q, k, v = self.project_qkv(attn, hidden_states)
-        if self.sequence_parallel is not None:  # q, k, v hold this rank's slab of whole blocks
+        rope = wan_rope_tables(rotary_emb) if self.rope_features and rotary_emb is not None else None
+        if self.sequence_parallel is not None:  # q, k, v and the tables hold this rank's slab of whole blocks
             grid = self.sequence_parallel.grid
-            o = self.sequence_parallel.attend(self.core, q, k, v)
+            o = self.sequence_parallel.attend(self.core, q, k, v, rope=rope)
         else:
             grid = tuple(self.grids.lookup(q.shape[1]))
-            rope = wan_rope_tables(rotary_emb) if self.rope_features and rotary_emb is not None else None
             o = self.core(q, k, v, grid, rope=rope)
         o = o.flatten(2)
         if self.out_norm is not None:

@@ -14,7 +14,8 @@ rank the gradient of its own slab, so each rank's parameter gradients are its sh
 Call ``mediagen.attention.sequence_parallel.sum_gradients(model, group)`` after ``backward()`` (and
 do not also average them across the same ranks with DDP). Needs every
 self-attention layer to be MHLA with blocks[0] divisible by the world size, without CPE (a
-convolution across slab borders) or RoPE on features.
+convolution across slab borders). RoPE on features works: each rank rotates its tokens with the
+rows of the tables its pre-hook cut.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ class SequenceParallelState:
         self.grid = tuple(grid)
         self.span = _spans(self.grid, self.blocks, world)[rank]
 
-    def attend(self, core, q, k, v):
+    def attend(self, core, q, k, v, rope=None):
         return sequence_parallel_mhla(q, k, v, core.mix, self.grid, core.blocks, group=self.group,
                                       normalize=core.normalize, eps=core.eps, feature_map=core.feature_map,
-                                      scale=core.scale if not core.normalize else None)
+                                      scale=core.scale if not core.normalize else None, rope=rope)
 
 
 class _GatherSlabs(torch.autograd.Function):
@@ -77,8 +78,9 @@ def _check(transformer, world):
         raise ValueError(f"sequence parallelism needs MHLA in every self-attention layer; layers {bad} are not "
                          f"(convert with attention='mhla')")
     for i, p in enumerate(procs):
-        if p.cpe is not None or p.rope_features:
-            raise ValueError(f"layer {i}: cpe_kernel and rope='features' are not supported sequence-parallel")
+        if p.cpe is not None:
+            raise ValueError(f"layer {i}: cpe_kernel is not supported sequence-parallel (its convolution "
+                             f"crosses slab borders)")
         if p.core.blocks[0] % world:
             raise ValueError(f"layer {i}: blocks[0]={p.core.blocks[0]} must be divisible by the world size {world}")
     blocks = {p.core.blocks for p in procs}

@@ -178,13 +178,16 @@ def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, larges
 
 
 def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, column_programs=None):
-    """(B, H, M, X) in ``out_dtype`` = Mc (or Mc^T) @ src (B, H, M*J, X), Mc (M, M) or (H, M, M).
+    """(B, H, R, X) in ``out_dtype`` = A @ src (B, H, C*J, X), where A (R rows, C columns) is Mc, or Mc^T
+    when ``transpose``. Mc is (M, M) or (H, M, M), or a slab of its rows (a strided view is fine, the
+    kernel reads it through its strides): sequence parallelism mixes only the query blocks a rank holds.
     ``column_programs``: programs per (batch, head, row tile), each walking every such-th column tile;
     by default enough for the mix settings' ``per_sm`` programs per SM in all (off the GPU, as for one SM)."""
     B, H, K, X = src.shape
-    M = mix.shape[-1]
-    if K != M * J or not src.is_contiguous():
-        raise ValueError(f"src must be contiguous with M * J = {M} * {J} rows per head, not {tuple(src.shape)}")
+    M, C = (mix.shape[-1], mix.shape[-2]) if transpose else (mix.shape[-2], mix.shape[-1])  # A's rows, columns
+    if K != C * J or not src.is_contiguous():
+        raise ValueError(f"src must be contiguous with C * J = {C} * {J} rows per head (C: the mix's "
+                         f"{'rows' if transpose else 'columns'}), not {tuple(src.shape)}")
     m = mix.float()
     sah = m.stride(0) if m.dim() == 3 else 0
     sai, saj = m.stride(-2), m.stride(-1)
