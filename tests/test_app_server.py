@@ -109,6 +109,27 @@ def test_prompt_image_is_the_middle_frame_of_a_trained_length_clip(served):
     assert image.shape == (1, 8, 8, 1) and np.array_equal(image, clip[:, 1])
 
 
+def test_app_video_equals_the_pipeline_given_the_prompt(served):
+    """The app conditions the model exactly as the pipeline (and training) do: text states padded to
+    the pipelines' max_sequence_length, so the same seed gives the same clip."""
+    import torch
+
+    from mediagen.app import generation
+    from mediagen.app.sizes import video_grid
+    from mediagen.pipelines.text_video import TextToVideoPipeline
+
+    cache = served[0].cache
+    app_clip = generation.text_samples(cache, "mhla", "FlashAttention", "the digit 3 moves left", None, 1, 4, 2,
+                                       4.0, 8, 8, 3).samples
+    encoder = cache.text_encoder("FlashAttention")
+    pipe = TextToVideoPipeline(transformer=cache.transformer("video", "mhla", video_grid(cache, 3, 8, 8)),
+                               scheduler=cache.scheduler("video"), vae=cache.vae("video"),
+                               text_encoder=encoder.model, tokenizer=encoder.tokenizer)
+    clip = pipe("the digit 3 moves left", height=8, width=8, num_frames=3, num_inference_steps=2, guidance_scale=4.0,
+                generator=torch.Generator().manual_seed(4), output_type="np").frames
+    assert np.abs(app_clip - clip).max() < 1e-4
+
+
 def test_generate_video_is_downloadable_mp4(served):
     _, _, client, _ = served
     video, files, timings = client.predict("the digit 7 moving left", "", "sdpa", "MLRA", 3, 8, 8, 1, 0, 2, 4.0,
