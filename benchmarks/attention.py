@@ -1,5 +1,5 @@
 """Attention benchmark on the GPU: Triton MHLA (both algorithms), the plain-PyTorch reference and
-every SDPA backend, forward and forward+backward, at DESIGN.md's shapes, in one run.
+every SDPA backend, forward and forward+backward, at the shapes of docs/DESIGN.md (benchmark shapes), in one run.
 
     python -m benchmarks.attention [--out benchmarks/attention-latest.md] [--shapes Wan,SANA] [--methods "mhla triton,cudnn"]
         [--json mediagen/eval/recorded/attention_latency.json]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # DiT-MNIST with sdpa / linear / mhla / mhla-cpe trained side by side for DIT_MIN minutes (the runs spread
 # over the GPUs there are), then on the last GPU: export at the last common checkpoint step, FID + KID
-# with the mnist and effnet-lite0 features (10,000 samples) and attention stats (docs/RESULTS.md, fifth
-# session). The shipped form of each pipeline (what mediagen/checkpoints/image-<attention> holds) is
+# with the mnist and effnet-lite0 features (10,000 samples) and attention stats (docs/RESULTS.md, image
+# models). The shipped form of each pipeline (what mediagen/checkpoints/image-<attention> holds) is
 # runs/ship-<tag>/<run>, tag dit at patch 2.
 #
 #   DIT_MIN=7.5 bash benchmarks/dit_mnist_runs.sh            # train, then evaluate

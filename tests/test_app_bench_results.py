@@ -92,7 +92,7 @@ def test_plot_legend_is_outside_the_axes_and_short():
 
 
 def test_missing_or_malformed_file_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="attention.py --json"):
+    with pytest.raises(FileNotFoundError, match="benchmarks.attention --json"):
         bench_results.read_results(tmp_path / "latency.json")
     (tmp_path / "latency.json").write_text("| a | b |\n")
     with pytest.raises(ValueError, match="not a recorded latency file"):

@@ -29,7 +29,7 @@ def read_results(path: str | Path | None = None) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: no latency has been recorded there. Run a fresh "
                                 f"benchmark instead, or record one on a GPU with "
-                                f"`python benchmarks/attention.py --json {path}`")
+                                f"`python -m benchmarks.attention --json {path}`")
     try:
         doc = json.loads(path.read_text())
         rows = [{**r, "date": run.get("date", ""), "device": run.get("device", ""),

@@ -2,7 +2,7 @@
 
 For a tile of queries the kernel walks all keys like flash attention, without the softmax:
     p_ts = Mc[i(t), i(s)] * phi(q_t).phi(k_s),   o_t = sum_s p_ts v_s / (sum_s p_ts + eps).
-This is the dense form of MHLA (DESIGN.md) and costs O(N^2 D), which beats writing, mixing and
+This is the dense form of MHLA (docs/DESIGN.md, dense form) and costs O(N^2 D), which beats writing, mixing and
 re-reading M per-block D x D summaries when N is small (DiT at 256 px: N = 256, M = 16, d = 72,
 where the summaries outweigh q, k and v together). Tokens stay in their grid order; each token's
 block id comes from a small int32 table. D is a compile-time constant (see triton_chunked.py).
