@@ -10,6 +10,7 @@
 # Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried.
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
+# COMPILE=true (or false) skips the throughput timing at start and trains with that setting.
 set -u
 phase=$1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MEDIAGEN_MINILM_PATH=$PWD/.minilm-fp16
@@ -44,6 +45,7 @@ start)
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
   # throughput of each configuration alone: 30 steps, median of steps 11-30
   for a in $ATTNS; do for c in false true; do
+    [ -n "${COMPILE:-}" ] && break 2
     more="EXTRA_$a"
     timeout $([ $c = true ] && echo 130 || echo 70) $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} \
       train.max_steps=30 train.compile=$c \
@@ -58,7 +60,7 @@ except Exception as e:
 PY
   done; done
   # compiled only when that pays for every attention (>= 10% more clips/s than eager)
-  compile=$(python3 - "$out/throughput.txt" <<'PY'
+  [ -n "${COMPILE:-}" ] || compile=$(python3 - "$out/throughput.txt" <<'PY'
 import re, sys
 rate = {}
 for line in open(sys.argv[1]):
@@ -69,6 +71,7 @@ atts = {a for a, _ in rate}
 print("true" if atts and all(rate.get((a, "true"), 0) >= 1.1 * rate.get((a, "false"), 1) for a in atts) else "false")
 PY
 )
+  compile=${COMPILE:-$compile}
   echo "training with train.compile=$compile" | tee -a "$out/throughput.txt"
   for a in $ATTNS; do
     more="EXTRA_$a"
