@@ -11,6 +11,8 @@
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
 # COMPILE=true (or false) skips the throughput timing at start and trains with that setting.
+# start records EXTRA and EXTRA_<attention> in /tmp/runs/extra.sh; finish and fetch use them (the
+# export has to build the model the run trained).
 set -u
 phase=$1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MEDIAGEN_MINILM_PATH=$PWD/.minilm-fp16
@@ -23,6 +25,7 @@ MG="python3 -m mediagen.cli"
 R=/tmp/runs
 ATTNS=${ATTNS:-"sdpa mhla"}
 mkdir -p $R
+if [ "$phase" != start ] && [ -f $R/extra.sh ]; then . $R/extra.sh; fi
 
 progress() {  # the last logged step and the median clips/s of the last 20 steps of each run
   for a in $ATTNS; do
@@ -42,6 +45,8 @@ PY
 case $phase in
 start)
   minutes=$2; out=$3; mkdir -p "$out"
+  { printf 'EXTRA=%q\n' "${EXTRA:-}"; for a in $ATTNS; do more="EXTRA_$a"; printf '%s=%q\n' "$more" "${!more:-}"; done
+  } > $R/extra.sh
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
   # throughput of each configuration alone: 30 steps, median of steps 11-30
   for a in $ATTNS; do for c in false true; do

@@ -272,3 +272,35 @@ def test_wan_rope_tables_are_contiguous_fp32_angles(dtype):
     torch.testing.assert_close(s, angle.sin().to(dtype).float())
     with pytest.raises(ValueError, match=r"\(1, N, 1, D\)"):
         wan_rope_tables((cos[0], sin[0]))
+
+
+def test_temporal_cpe_is_a_shifted_sum_along_time_on_channels_first_copies():
+    """cpe_kernel=[3, 1, 1] adds w[-1] v[t-1] + w[0] v[t] + w[1] v[t+1] + b per channel (zero past the
+    ends), and the conv sees a contiguous channels-first tensor (cuDNN's fast depthwise layout)."""
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], cpe_kernel=[3, 1, 1], rope="features",
+                             grid=(3, 4, 6))
+    proc = model.blocks[0].attn1.processor
+    assert tuple(proc.cpe.kernel_size) == (3, 1, 1)
+    with torch.no_grad():
+        proc.cpe.weight.normal_()
+        proc.cpe.bias.normal_()
+    seen = []
+    proc.cpe.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    grid = (3, 4, 6)
+    v = torch.randn(2, 3 * 4 * 6, proc.cpe.in_channels)
+    got = proc._cpe(v, grid)
+    x = v.reshape(2, *grid, -1)
+    w, b = proc.cpe.weight[:, 0, :, 0, 0], proc.cpe.bias  # (C, 3), (C,)
+    pad = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 0, 1, 1))
+    want = (pad[:, :-2] * w[:, 0] + pad[:, 1:-1] * w[:, 1] + pad[:, 2:] * w[:, 2] + b).reshape(2, -1, x.shape[-1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert seen == [True]
+
+
+@pytest.mark.parametrize("cpe, words", [([3, 2, 1], "one odd int per grid axis"), ([1, 1, 1], "one odd int per"),
+                                        ([3, 1], "must have 3 sizes"), (4, "odd int")])
+def test_bad_cpe_kernels_are_refused_before_the_model_changes(cpe, words):
+    model = tiny_wan()
+    with pytest.raises(ValueError, match=words):
+        mediagen.convert(model, "mhla", blocks=[1, 2, 2], cpe_kernel=cpe, rope="features")
+    assert type(model).__name__ == "WanTransformer3DModel"

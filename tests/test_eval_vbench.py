@@ -177,3 +177,22 @@ def test_vbench_cli_on_a_folder(tmp_path, videos):
     assert rep["raw"]["digit_identity"] == 1.0
     assert 0 < rep["quality"] <= 1 and rep["total"] is not None
     assert {v["prompt"] for v in rep["per_video"]} == {"the digit 3 moving right", "the digit 3 moving left"}
+
+
+def test_vbench_scores_stills_by_digit_only(tmp_path):
+    """One-frame clips (prompt-mode images) get the digit verdict and no frame-comparing dimension: real
+    digits read right, blank frames read nothing."""
+    from mediagen.cli import main
+    from mediagen.eval.moving_mnist import real_clips
+
+    clips, captions = real_clips(1)
+    stills = clips[::4, 8:9]                                    # one clip per digit, its middle frame
+    prompts = [c.split(" moves")[0] for c in captions[::4]]     # "the digit 3"
+    for name, videos, want in (("real", stills, 1.0), ("blank", np.zeros_like(stills), 0.0)):
+        path, out = tmp_path / f"{name}.npz", tmp_path / f"{name}.json"
+        np.savez(path, videos=videos, prompts=np.array(prompts))
+        assert main(["vbench", "--videos", str(path), "--out", str(out), "--quiet"]) == 0
+        rep = json.loads(out.read_text())
+        assert rep["semantic_rates"]["clips"] == 10 and rep["semantic_rates"]["direction"] is None
+        assert rep["semantic_rates"]["digit"] >= want if want else rep["semantic_rates"]["digit"] == 0.0
+        assert rep["quality"] is None and "subject_consistency" not in rep["raw"]

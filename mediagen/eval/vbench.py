@@ -18,16 +18,19 @@ VERDICT_KEYS = ("digit_ok", "direction_ok", "both_ok", "read", "moved")
 
 def score_video(video, prompt: str | None, subject_fx, background_fx, fps=None, device="cpu") -> dict:
     """Scores of one uint8 video (T, H, W, 3); consistency as (sum, frames) pairs for pooling. A prompt
-    that names digits adds the semantic dimensions and the verdict (``VERDICT_KEYS``)."""
+    that names digits adds the semantic dimensions and the verdict (``VERDICT_KEYS``). A one-frame
+    video (a still, e.g. the pipelines' prompt-mode images) gets only those: the quality dimensions
+    compare frames."""
     from .fid import extract_features
 
     out = {}
-    for name, fx in (("subject_consistency", subject_fx), ("background_consistency", background_fx)):
-        feats = extract_features(list(video), fx, 32, progress=False)
-        out[name] = q.consistency_from_features(feats)
-    out["temporal_flickering"] = q.temporal_flickering(video)
-    out["motion_smoothness"] = q.motion_smoothness(video)
-    out["dynamic_degree"] = float(q.dynamic_degree(video, fps))
+    if len(video) > 1:
+        for name, fx in (("subject_consistency", subject_fx), ("background_consistency", background_fx)):
+            feats = extract_features(list(video), fx, 32, progress=False)
+            out[name] = q.consistency_from_features(feats)
+        out["temporal_flickering"] = q.temporal_flickering(video)
+        out["motion_smoothness"] = q.motion_smoothness(video)
+        out["dynamic_degree"] = float(q.dynamic_degree(video, fps))
     parsed = parse_prompt(prompt) if prompt else None
     if parsed is not None:
         verdict = score_clip(video, parsed, device)
@@ -44,9 +47,9 @@ def evaluate_videos(videos, prompts, subject_fx, background_fx, fps=None, device
         per_video.append(score_video(np.asarray(video), prompt, subject_fx, background_fx, fps, device))
     raw = {}
     for dim in ("subject_consistency", "background_consistency"):
-        total = sum(s[dim][0] for s in per_video)
-        frames = sum(s[dim][1] for s in per_video)
-        raw[dim] = total / frames
+        pairs = [s[dim] for s in per_video if dim in s]
+        if pairs:
+            raw[dim] = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
     for dim in ("temporal_flickering", "motion_smoothness", "dynamic_degree",
                 "digit_identity", "motion_direction", "digit_count"):
         vals = [s[dim] for s in per_video if dim in s]
@@ -55,7 +58,8 @@ def evaluate_videos(videos, prompts, subject_fx, background_fx, fps=None, device
     report = aggregate(raw)
     for s in per_video:
         for dim in ("subject_consistency", "background_consistency"):
-            s[dim] = s[dim][0] / s[dim][1]
+            if dim in s:
+                s[dim] = s[dim][0] / s[dim][1]
     verdicts = [s for s in per_video if "digit_ok" in s]
     if verdicts:
         report["semantic_rates"] = semantic_rates(verdicts)

@@ -45,6 +45,18 @@ def _is_positive_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
+def _cpe_kernel(k):
+    """0, an odd int, or a list of 1 to 3 odd positive ints (not all 1); returned as int or list."""
+    if is_int(k) and (operator.index(k) == 0 or (operator.index(k) > 0 and operator.index(k) % 2 == 1)):
+        return operator.index(k)
+    seq = None if isinstance(k, (str, bytes)) or not hasattr(k, "__iter__") else list(k)
+    if seq is not None and 1 <= len(seq) <= 3 and all(is_int(a) and a > 0 and a % 2 == 1 for a in seq) \
+            and any(a > 1 for a in seq):
+        return [operator.index(a) for a in seq]
+    raise ValueError(f"cpe_kernel={k!r} is not allowed: use 0 (off), an odd int such as 3, or one odd int per "
+                     f"grid axis such as [3, 1, 1]")
+
+
 @dataclass
 class AttentionSpec:
     """Per-layer attention entries and the MHLA options (shared by every MHLA / linear layer).
@@ -58,7 +70,10 @@ class AttentionSpec:
     out_gate: multiply the (normed) output by SiLU(Linear(x)), a learned output gate.
     cpe_kernel: 0 = off; otherwise the kernel size of a depthwise conv on V over the token grid,
         added to the attention output (a conditional positional term; zero-initialised so a freshly
-        converted model is unchanged by it).
+        converted model is unchanged by it): one odd int for every axis, or a list of odd ints, one
+        per grid axis ([3, 1, 1]: along time only, a third of the cost of 3 on a 3D grid). It is the
+        one term of an MHLA layer that sees token order locally and asymmetrically: without it a
+        video model's MHLA layers tell a clip from its time reversal only through RoPE.
     rope: "none" ignores the rotary embedding in MHLA layers; "features" rotates the features
         phi(q), phi(k) in the numerator and keeps the denominator un-rotated, as the official Wan
         MHLA code does (Wan only: DiT has no RoPE).
@@ -73,7 +88,7 @@ class AttentionSpec:
     per_head_mix: bool = False
     out_norm: bool = False
     out_gate: bool = False
-    cpe_kernel: int = 0
+    cpe_kernel: int | list[int] = 0
     rope: str = "none"
 
     def __post_init__(self):
@@ -101,9 +116,7 @@ class AttentionSpec:
             raise ValueError(f"eps={self.eps!r} is not allowed: use a finite number > 0 (e.g. 1e-6; 1e-15 for SANA)")
         if self.scale is not None and not _is_positive_number(self.scale):
             raise ValueError(f"scale={self.scale!r} is not allowed: use a finite number > 0, or None")
-        if not is_int(self.cpe_kernel) or self.cpe_kernel < 0 or (self.cpe_kernel and self.cpe_kernel % 2 == 0):
-            raise ValueError(f"cpe_kernel={self.cpe_kernel!r} is not allowed: use 0 (off) or an odd int such as 3 or 5")
-        self.cpe_kernel = operator.index(self.cpe_kernel)
+        self.cpe_kernel = _cpe_kernel(self.cpe_kernel)
         if self.normalize and self.scale is not None:
             raise ValueError(f"scale={self.scale!r} applies only with normalize=False; leave it None")
         if "mhla" in self.layers and self.blocks is None:

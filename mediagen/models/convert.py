@@ -112,6 +112,9 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
                              f"{fam.base.__name__}")
         if grid is not None:
             check_grid_blocks(grid, tuple(spec.blocks))
+    if isinstance(spec.cpe_kernel, list) and len(spec.cpe_kernel) != fam.ndim:
+        raise ValueError(f"cpe_kernel={spec.cpe_kernel} must have {fam.ndim} sizes (one per grid axis) for a "
+                         f"{fam.base.__name__}, or be one int")
     check_head_dims(model, spec)
     keep = _layers_to_keep(old, spec, asked, reinit)
     model.__class__ = converted_class_for(model)
