@@ -304,3 +304,24 @@ def test_bad_cpe_kernels_are_refused_before_the_model_changes(cpe, words):
     with pytest.raises(ValueError, match=words):
         mediagen.convert(model, "mhla", blocks=[1, 2, 2], cpe_kernel=cpe, rope="features")
     assert type(model).__name__ == "WanTransformer3DModel"
+
+
+def test_adding_a_cpe_keeps_the_trained_weights_and_the_output():
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], rope="features", out_norm=True, grid=(3, 4, 6))
+    with torch.no_grad():  # "trained" processor weights, off their init
+        for name, p in model.named_parameters():
+            if ".processor." in name:
+                p.add_(torch.rand_like(p) * 0.1)
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs = wan_inputs()
+    before = run(model, inputs)
+    mediagen.convert(model, "mhla", cpe_kernel=[3, 1, 1])
+    assert model.config.mediagen_attention["cpe_kernel"] == [3, 1, 1]
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in trained.items())
+    new = sorted(set(state) - set(trained))
+    assert new and all(".processor.cpe." in k for k in new) and all(not state[k].any() for k in new)
+    assert torch.equal(run(model, inputs), before)
+    # anything beyond adding the CPE still asks for reinit
+    with pytest.raises(ValueError, match="reinit=True"):
+        mediagen.convert(model, "mhla", cpe_kernel=[3, 1, 1], out_norm=False)

@@ -9,7 +9,7 @@ from .families import family_of
 from .latent_grid import install_grid_hook
 
 
-def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = ()) -> None:
+def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carry: Collection[int] = ()) -> None:
     """Set the self-attention layers' processors as ``spec`` says; cross-attention is left as it is.
 
     Layers whose entry is ``None`` and layers listed in ``keep`` are not touched: they keep exactly
@@ -17,7 +17,9 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = ()) -> N
     or one the user set, or a converted processor with trained weights). ``sdpa`` layers get the
     family's stock softmax processor (so a converted model with all layers ``sdpa`` computes exactly
     what the original did); ``mhla``/``linear`` layers get a fresh processor with Mc at its locality
-    init, whose weights ``from_pretrained`` then loads.
+    init, whose weights ``from_pretrained`` then loads. Layers listed in ``carry`` get a fresh processor
+    that takes over every weight of the one they have; only parameters the old one lacks (a CPE being
+    added) keep their zero init, so the layer computes what it computed before.
     """
     fam = family_of(model)
     attns = fam.self_attentions(model)
@@ -36,6 +38,11 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = ()) -> N
         proc = fam.processor(kind, spec, heads=attn.heads, head_dim=head_dim(attn),
                              query_dim=attn.to_q.in_features, ndim=fam.ndim, grids=grids)
         proc.to(device=ref.device, dtype=ref.dtype)  # new weights follow the layer's device and dtype
+        if i in carry:
+            missing, unexpected = proc.load_state_dict(attn.processor.state_dict(), strict=False)
+            if unexpected or any(not k.startswith("cpe.") for k in missing):
+                raise ValueError(f"layer {i}: cannot carry the weights over to the new processor (missing "
+                                 f"{missing}, unexpected {unexpected})")
         attn.set_processor(proc)
 
 

@@ -38,8 +38,9 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
             ``AttentionSpec`` defaults.
 
     Converting again is safe: layers asked for with the attention and options they already have keep
-    their processor and trained weights; asking a linear / MHLA layer for something else raises
-    unless ``reinit=True``. The options are shared by all linear / MHLA layers, so new options cannot
+    their processor and trained weights; adding a CPE (``cpe_kernel`` where it was 0, nothing else
+    changed) keeps every trained weight and, the CPE being zero-initialised, the model's output;
+    asking a linear / MHLA layer for anything else raises unless ``reinit=True``. The options are shared by all linear / MHLA layers, so new options cannot
     be given while layers not named here are linear / MHLA with other options.
 
     The official Wan2.1 MHLA recipe is ``attention="wan-mhla-h", rope="features", out_norm=True``.
@@ -116,22 +117,35 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
         raise ValueError(f"cpe_kernel={spec.cpe_kernel} must have {fam.ndim} sizes (one per grid axis) for a "
                          f"{fam.base.__name__}, or be one int")
     check_head_dims(model, spec)
-    keep = _layers_to_keep(old, spec, asked, reinit)
+    keep, carry = _layers_to_keep(old, spec, asked, reinit)
     model.__class__ = converted_class_for(model)
-    apply_attention(model, spec, keep=keep)
+    apply_attention(model, spec, keep=keep, carry=carry)
     model.register_to_config(**{CONFIG_KEY: spec.to_dict()})
     return model
 
 
-def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list, reinit: bool) -> set[int]:
-    """Layers whose processor stays as it is; raise where a linear / MHLA layer (which may hold trained
-    weights) would be rebuilt without ``reinit=True``, or would change without being named at all."""
+def _adds_cpe_only(old: AttentionSpec, new: AttentionSpec, i: int) -> bool:
+    """Layer i keeps its attention and options except for a CPE that it did not have: the new term is
+    zero-initialised, so the layer's trained weights carry over and its output is unchanged."""
+    if old.layers[i] != new.layers[i] or new.layers[i] not in CONVERTED_ATTENTIONS:
+        return False
+    a, b = old.layer_setup(i)[1], new.layer_setup(i)[1]
+    return a["cpe_kernel"] == 0 and b["cpe_kernel"] != 0 and {k for k in a if a[k] != b[k]} == {"cpe_kernel"}
+
+
+def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list,
+                    reinit: bool) -> tuple[set[int], set[int]]:
+    """(layers whose processor stays as it is, layers that only gain a CPE and carry their weights
+    over); raise where a linear / MHLA layer (which may hold trained weights) would be rebuilt without
+    ``reinit=True``, or would change without being named at all."""
     if old is None:
-        return set()
-    keep, named, unnamed = set(), [], []
+        return set(), set()
+    keep, carry, named, unnamed = set(), set(), [], []
     for i in range(len(new.layers)):
         if old.layer_setup(i) == new.layer_setup(i):
             keep.add(i)
+        elif _adds_cpe_only(old, new, i) and not reinit:
+            carry.add(i)
         elif old.layers[i] in CONVERTED_ATTENTIONS:
             (named if asked[i] is not None else unnamed).append(i)
     if unnamed:
@@ -146,7 +160,7 @@ def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list, 
         raise ValueError(f"layers {named} are already converted (layer {i}: {was}, asked {new.layers[i]!r}); "
                          f"converting them again would replace their trained weights: pass reinit=True to "
                          f"re-initialise them on purpose, or leave them out of layers")
-    return keep
+    return keep, carry
 
 
 def _option_diff(old: AttentionSpec, new: AttentionSpec, i: int) -> str:
