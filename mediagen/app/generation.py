@@ -69,14 +69,16 @@ def _step_callback(on_step):
 
 
 def class_images(cache, attention: str, class_label: int, batch: int, seed: int, steps: int,
-                 guidance: float, on_step=None) -> Generated:
-    """``batch`` images of one class from the class-conditional model."""
+                 guidance: float, on_step=None, runtime: str = "eager") -> Generated:
+    """``batch`` images of one class from the class-conditional model; ``runtime``: how the denoising
+    loop runs the transformer (``mediagen.pipelines.runtime``)."""
     from ..pipelines.class_image import ClassConditionalImagePipeline
     from ..pipelines.vae_utils import latents_to_vae, vae_dtype
 
     clock = _Clock(cache.device)
     pipe = ClassConditionalImagePipeline(transformer=cache.transformer("image", attention, image_grid(cache)),
                                          scheduler=cache.scheduler("image"), vae=cache.vae("image"))
+    pipe.set_runtime(runtime)
     clock.timings["text_encoding"] = 0.0
     with clock.stage("denoising"):
         latents = pipe(class_labels=[int(class_label)] * batch, guidance_scale=guidance, num_inference_steps=steps,
@@ -107,7 +109,7 @@ def encode_prompt(cache, encoder_label: str, prompt: str, negative_prompt: str |
 
 def text_samples(cache, attention: str, encoder_label: str, prompt: str, negative_prompt: str | None, batch: int,
                  seed: int, steps: int, guidance: float, height: int, width: int, frames: int,
-                 on_step=None) -> Generated:
+                 on_step=None, runtime: str = "eager") -> Generated:
     """Videos (frames > 1) or images (frames == 1, returned as (B, H, W, C)) from the text model. An
     image is the middle frame of a clip of ``still_frames(cache)`` frames: the text model is trained on
     clips, and draws a far clearer still that way than on a one-frame grid (docs/RESULTS.md)."""
@@ -119,6 +121,7 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
     transformer = cache.transformer("video", attention, video_grid(cache, frames, height, width))
     pipe = TextToVideoPipeline(transformer=transformer, scheduler=cache.scheduler("video"), vae=cache.vae("video"))
     pipe.check_size(height, width, frames)
+    pipe.set_runtime(runtime)
     cache.text_encoder(encoder_label)                        # loaded (once) outside the timed stage
     with clock.stage("text_encoding"):
         embeds, negative = encode_prompt(cache, encoder_label, prompt, negative_prompt, guidance)

@@ -34,6 +34,12 @@ def _common_controls(app: MediagenApp, d: dict):
     return seed, steps, guidance
 
 
+def _runtime_radio(app: MediagenApp):
+    return RawRadio(app.runtimes(), value="eager", label="runtime",
+                    info="how the denoising loop runs: compile (torch.compile) and cuda-graphs compile on a model's "
+                         "first request at a size (that one is slower); outputs match eager")
+
+
 def _size_controls(d: dict, suffix: str = ""):
     (lo_h, hi_h), (lo_w, hi_w) = d["side_range_h"], d["side_range_w"]
     height = RawNumber(value=d["height"], precision=0,
@@ -68,6 +74,7 @@ def _image_tab(app: MediagenApp, d: dict):
                 batch = RawNumber(value=min(2, lim.max_batch), precision=0, label=f"batch (1–{lim.max_batch})")
                 height, width = _size_controls(d, ", prompt mode")
             seed, steps, guidance = _common_controls(app, d)
+            runtime = _runtime_radio(app)
             run = gr.Button("Generate image", variant="primary", elem_id="image-run")
         with gr.Column():
             gallery = gr.Gallery(label="images", columns=2, elem_id="image-gallery")
@@ -87,7 +94,7 @@ def _image_tab(app: MediagenApp, d: dict):
     attention.change(lambda m, a: app.info("image" if m == "class" else "video", a), [mode, attention], info,
                      api_name=False)
     run.click(app.image, [mode, class_label, prompt, negative, attention, encoder, batch, seed, steps, guidance,
-                          height, width], [gallery, downloads, timings], api_name="generate_image")
+                          height, width, runtime], [gallery, downloads, timings], api_name="generate_image")
 
 
 def _video_tab(app: MediagenApp, d: dict):
@@ -103,14 +110,15 @@ def _video_tab(app: MediagenApp, d: dict):
                 height, width = _size_controls(d)
                 batch = RawNumber(value=1, precision=0, label=f"batch (1–{lim.max_batch})")
             seed, steps, guidance = _common_controls(app, d)
+            runtime = _runtime_radio(app)
             run = gr.Button("Generate video", variant="primary", elem_id="video-run")
         with gr.Column():
             video = gr.Video(label="video", elem_id="video-output")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
     attention.change(lambda a: app.info("video", a), attention, info, api_name=False)
-    run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance],
-              [video, downloads, timings], api_name="generate_video")
+    run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance,
+                          runtime], [video, downloads, timings], api_name="generate_video")
 
 
 def compare_choices(d: dict, task: str) -> list[str]:

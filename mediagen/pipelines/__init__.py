@@ -10,6 +10,7 @@ _EXPORTS = {
     "VideoPipelineOutput": ".outputs",
     "make_scheduler": ".schedulers",
     "SCHEDULERS": ".schedulers",
+    "RUNTIMES": ".runtime",
     "build_pipeline": ".building",
     "save_media": ".export",
 }

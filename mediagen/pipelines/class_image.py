@@ -17,10 +17,11 @@ from . import components  # noqa: F401  (see components.py)
 from .checks import check_callback_inputs, check_multiple, check_output_type, check_positive_int
 from .denoise import guided, run_denoising, scale_input
 from .outputs import ImagePipelineOutput
+from .runtime import RuntimeMixin
 from .vae_utils import latents_to_vae, vae_dtype, vae_factors
 
 
-class ClassConditionalImagePipeline(DiffusionPipeline):
+class ClassConditionalImagePipeline(RuntimeMixin, DiffusionPipeline):
     model_cpu_offload_seq = "transformer->vae"
     _callback_tensor_inputs = ["latents"]
 
@@ -80,7 +81,8 @@ class ClassConditionalImagePipeline(DiffusionPipeline):
             x = torch.cat([x, x]) if do_cfg else x
             x = scale_input(self.scheduler, x, t)
             timestep = t.expand(x.shape[0]).to(device)
-            pred = self.transformer(x.to(dtype), timestep=timestep, class_labels=y, return_dict=False)[0].float()
+            pred = self.call_transformer(x.to(dtype), timestep=timestep, class_labels=y,
+                                         return_dict=False)[0].float()
             if pred.shape[1] == 2 * channels:  # learned sigma: keep the mean prediction
                 pred = pred[:, :channels]
             return guided(pred, guidance_scale) if do_cfg else pred

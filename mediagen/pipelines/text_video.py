@@ -18,10 +18,11 @@ from .checks import check_callback_inputs, check_multiple, check_output_type, ch
 from .denoise import guided, run_denoising, scale_input
 from .outputs import VideoPipelineOutput
 from .prompt_encoding import as_prompt_list, encode_prompts
+from .runtime import RuntimeMixin
 from .vae_utils import latents_to_vae, vae_dtype, vae_factors
 
 
-class TextToVideoPipeline(DiffusionPipeline):
+class TextToVideoPipeline(RuntimeMixin, DiffusionPipeline):
     model_cpu_offload_seq = "text_encoder->transformer->vae"
     _optional_components = ["text_encoder", "tokenizer"]
     _callback_tensor_inputs = ["latents", "prompt_embeds", "negative_prompt_embeds"]
@@ -160,8 +161,8 @@ class TextToVideoPipeline(DiffusionPipeline):
                 context = torch.cat([state["negative_prompt_embeds"], context])
             x = scale_input(self.scheduler, x, t)
             timestep = t.expand(x.shape[0]).to(device)
-            pred = self.transformer(hidden_states=x.to(dtype), timestep=timestep, encoder_hidden_states=context,
-                                    attention_kwargs=attention_kwargs, return_dict=False)[0].float()
+            pred = self.call_transformer(hidden_states=x.to(dtype), timestep=timestep, encoder_hidden_states=context,
+                                         attention_kwargs=attention_kwargs, return_dict=False)[0].float()
             return guided(pred, guidance_scale) if do_cfg else pred
 
         state = {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_prompt_embeds}
