@@ -116,6 +116,26 @@ def test_bad_options_raise():
         mhla(a["q"], a["k"], a["v"], a["mix"], a["grid"], a["blocks"], backend="cuda")
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_checks_still_apply_after_a_call_passed_them(backend):
+    """Arguments that passed the checks once are not checked again, but only when everything the checks read is
+    the same: values that compare equal to allowed ones without being allowed (floats and bools for ints, 1 for
+    True) still raise after a call with the allowed ones."""
+    a = _ok()
+    q, k, v = a["q"], a["k"], a["v"]
+    mix2 = torch.rand(2, 2)
+    for good, bad, message in [
+        (((3, 4), (2, 2), a["mix"], True), ((3.0, 4), (2, 2), a["mix"], True), "positive ints"),
+        (((3, 4), (1, 2), mix2, True), ((3, 4), (True, 2), mix2, True), r"blocks\[0\]=True"),
+        (((3, 4), (2, 2), a["mix"], True), ((3, 4), (2, 2), a["mix"], 1), "True or False"),
+    ]:
+        grid, blocks, mix, normalize = good
+        mhla(q, k, v, mix, grid, blocks, normalize=normalize, backend=backend)
+        grid, blocks, mix, normalize = bad
+        with pytest.raises(ValueError, match=message):
+            mhla(q, k, v, mix, grid, blocks, normalize=normalize, backend=backend)
+
+
 def _complex_rotate(x, angle):
     """Channel pairs (2j, 2j+1) of x (B, N, H, D) as complex numbers times exp(i * angle[t, j])."""
     z = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous())

@@ -688,6 +688,35 @@ def test_kernels_launch_with_the_override(device, monkeypatch):
     assert r["grid"][2] == 1  # D = 16 in one 16-column tile
 
 
+def test_plans_are_made_once_per_shapes_and_settings(device, monkeypatch):
+    """The op works out its launches once per call pattern: a second call with the same shapes, strides, dtypes,
+    options and launch settings reuses the first call's plan; other strides and other launch settings get plans
+    of their own, and the launches follow those settings; results match the reference throughout."""
+    plans = {}
+    monkeypatch.setattr(triton_op, "_plans", plans)
+    recorder = LaunchRecorder(triton_op.apply_kernel)
+    monkeypatch.setattr(triton_op, "apply_kernel", recorder)
+    grid, blocks = (4, 6), (2, 3)
+    q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    want = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu")
+
+    def run(q):
+        o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="chunked")
+        assert rel_err(o, want) < 1e-4
+        return o
+
+    run(q)
+    first = dict(plans)
+    run(q)
+    assert len(plans) == 1 and all(plans[key] is plan for key, plan in first.items())
+    with launch_settings("apply", warps=2, fp32={}):
+        run(q)
+    assert len(plans) == 2 and recorder.launches[-1]["num_warps"] == 2
+    run(q.transpose(1, 2).contiguous().transpose(1, 2))  # other strides
+    assert len(plans) == 3 and recorder.launches[-1]["num_warps"] == recorder.launches[0]["num_warps"] != 2
+
+
 def test_backward_launches_with_the_forwards_settings(device, monkeypatch):
     """Autograd may run the backward on another thread (its GPU workers): the backward kernels launch with the
     settings in force when the forward ran, also when the backward runs in a thread of its own."""

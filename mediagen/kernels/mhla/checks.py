@@ -14,8 +14,59 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
+# Arguments that passed the checks, by everything the checks read (``_key``), with their (grid, blocks): a layer
+# calls the op with the same shapes every step, and the checks cost more than the lookup.
+_passed: dict = {}
+_MAX_PASSED = 1024
+
+
+def _exact_ints(x):
+    """``x`` as a tuple when it is an int or a tuple or list of ints (bools and floats excluded, which compare
+    equal to ints but are not allowed), else None."""
+    if type(x) is int:
+        return (x,)
+    if type(x) is not tuple and type(x) is not list:
+        return None
+    for i in x:
+        if type(i) is not int:
+            return None
+    return tuple(x)
+
+
+def _key(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, reference):
+    """A hashable key of everything ``check_mhla_args`` reads, or None when an argument cannot be keyed exactly
+    (those calls are checked in full every time)."""
+    grid, blocks = _exact_ints(grid), _exact_ints(blocks)
+    if grid is None or blocks is None:
+        return None
+    try:
+        return (type(q), type(k), type(v), type(mix), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                q.device, k.device, v.device, mix.device, mix.shape, mix.dtype, grid, blocks, type(normalize),
+                normalize, type(eps), eps, feature_map, type(scale), scale, reference)
+    except AttributeError:  # not tensors: the full check says what is wrong
+        return None
+
+
 def check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, *, reference=False):
-    """Validate the arguments of ``mhla``/``mhla_reference``; return (grid, blocks) as tuples."""
+    """Validate the arguments of ``mhla``/``mhla_reference``; return (grid, blocks) as tuples. Arguments equal
+    to ones that passed before (same tensor types, shapes, dtypes and devices, same options) are not checked
+    again."""
+    key = _key(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, reference)
+    try:
+        hit = _passed.get(key) if key is not None else None
+    except TypeError:  # an unhashable option: checked in full
+        key = hit = None
+    if hit is not None:
+        return hit
+    result = _check(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, reference)
+    if key is not None:
+        if len(_passed) >= _MAX_PASSED:
+            _passed.clear()
+        _passed[key] = result
+    return result
+
+
+def _check(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, reference):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__

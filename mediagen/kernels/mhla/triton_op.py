@@ -9,19 +9,25 @@ Two forward algorithms (``algorithm``): "chunked" (per-block summaries in memory
 long sequences) and "dense" (summaries recomputed on chip; short sequences); "auto" picks by a cost
 model. The backward always runs the chunked kernels (for dMc it needs the block summaries).
 ``cos``/``sin`` (N, D/2) angle tables turn on RoPE on the numerator's features (rotation.py).
+
+Launch plans. At small shapes (DiT-XL/2 at 256 px: 16 us of GPU work per forward) the host's time per call
+decides the speed, so everything a launch needs that follows from the call's shapes, strides, dtypes, options
+and launch settings (algorithm, token splits, tile sizes, grids, stride units, index tensors) is worked out
+once into a ``_Plan`` and looked up by those keys on later calls (``_plan``). A call then only allocates its
+outputs and launches. ``launch_*`` are the same launches for callers outside the op (sequence parallelism,
+benchmarks): they read the launch settings in force and cache their launch records the same way.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
-import triton
 
 from .layout import block_token_lists, token_block_ids
-from .settings import current_settings, kernel_settings, use_settings
+from .settings import current_settings, kernel_settings
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
 from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
@@ -31,12 +37,29 @@ ALGORITHMS = ("auto", "chunked", "dense")
 # Tests set this to fill every output buffer with NaN before the kernels run, so an element a
 # kernel forgets to write shows up.
 POISON_OUTPUTS = False
+# Plans and launch records kept at most (an entry is a few hundred bytes plus, for plans, the small index
+# tensors of their grid); past this the cache starts over.
+MAX_CACHED = 1024
+
+
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1). Plain Python: triton.next_power_of_2 and triton.cdiv are
+    constexpr functions whose host calls cost microseconds each."""
+    return 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _new(shape, like, dtype):
+    return _empty(shape, like.device, dtype)
+
+
+def _empty(shape, device, dtype):
     if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), device=like.device, dtype=dtype)
-    return torch.empty(shape, device=like.device, dtype=dtype)
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype)
 
 
 def _interpreting() -> bool:
@@ -54,10 +77,12 @@ def summary_dtype(dtype):
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
-def _lowp(name: str, dtype) -> bool:
+def _lowp(name: str, dtype, settings=None) -> bool:
     """Whether kernel ``name`` multiplies half-precision inputs in their own dtype (never fp32, nor in
-    the CPU interpreter, whose half-precision dot is wrong)."""
-    return getattr(kernel_settings(name), "lowp", False) and dtype != torch.float32 and not _interpreting()
+    the CPU interpreter, whose half-precision dot is wrong). ``settings``: the table to read (default: the
+    settings in force)."""
+    c = kernel_settings(name) if settings is None else settings[name]
+    return getattr(c, "lowp", False) and dtype != torch.float32 and not _interpreting()
 
 
 def _prefetch(name: str) -> bool:
@@ -65,15 +90,10 @@ def _prefetch(name: str) -> bool:
     return kernel_settings(name).prefetch
 
 
-def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False):
-    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D (settings.py: its launch settings).
-    ``fp32``: fp32 inputs, which take the kernel's ``fp32`` settings where it has them. ``fp32_rope``: fp32
-    inputs with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128,
-    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`).
-    ``tokens``: the most tokens one program walks, when known; when that is one token step, the kernel's
-    ``one_step`` warps and stages apply."""
-    c = kernel_settings(name).for_inputs(fp32=fp32 or fp32_rope)
-    BD = max(16, triton.next_power_of_2(D))
+def _chunked_tiles(c, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False):
+    """``_config`` for the settings record ``c`` of a chunked kernel."""
+    c = c.for_inputs(fp32=fp32 or fp32_rope)
+    BD = max(16, _next_pow2(D))
     if BD < 128 or (BD == 128 and not fp32_rope):
         BT = c.BT
     else:
@@ -83,6 +103,16 @@ def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = 
     TILE = min(BD, c.TILE, 16384 // BD)
     warps, stages = c.one_step_launch() if tokens is not None and tokens <= BT else (c.warps, c.stages)
     return BD, TILE, BT, warps, stages
+
+
+def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = None, fp32: bool = False):
+    """(BD, TILE, BT, warps, stages) of a chunked kernel for head dim D (settings.py: its launch settings).
+    ``fp32``: fp32 inputs, which take the kernel's ``fp32`` settings where it has them. ``fp32_rope``: fp32
+    inputs with RoPE, whose rotated copies of the tiles need more shared memory (32-token steps from D=128,
+    16 at D=256: key_grad's 32-token steps need 256 KiB there, `benchmarks/kernel_resources.py`).
+    ``tokens``: the most tokens one program walks, when known; when that is one token step, the kernel's
+    ``one_step`` warps and stages apply."""
+    return _chunked_tiles(kernel_settings(name), D, fp32_rope, tokens, fp32)
 
 
 def choose_splits(B, H, M, largest_block, D, device) -> int:
@@ -123,6 +153,11 @@ def _rope_args(cos, sin, like):
     return (cos, sin), (*cos.stride(), *sin.stride()), True
 
 
+def _table_strides(cos, sin):
+    """The angle tables' strides as the kernels take them, or None without RoPE (a cache key part)."""
+    return None if cos is None else (*cos.stride(), *sin.stride())
+
+
 def _token_blocks_int32(grid, blocks, device):
     key = (tuple(grid), tuple(blocks), str(device))
     hit = _blk_cache.get(key)
@@ -131,25 +166,43 @@ def _token_blocks_int32(grid, blocks, device):
     return hit
 
 
-def stride_unit(*tensors) -> int:
-    """The largest power of two up to 16 that divides every batch, token and head stride of these
-    (B, N, H, D) tensors. The kernels take those strides divided by it (``row_strides``) and multiply them
-    back by it as a compile-time constant (AL), so the compiler knows where rows may start: Triton marks a
-    run-time int only as 16-divisible or not, and DiT's head stride 72 is not (triton_chunked.py).
-    1 when a stride needs 64 bits: divided, it could arrive as a 32-bit int and overflow when multiplied back."""
+def _stride_unit_of(*strides) -> int:
+    """``stride_unit`` of tensors given by their strides."""
     g = 0
-    for t in tensors:
-        for s in t.stride()[:3]:
+    for st in strides:
+        for s in st[:3]:
             if s >= 2**31:
                 return 1
             g = math.gcd(g, s)
     return 16 if g == 0 else min(16, g & -g)
 
 
+def stride_unit(*tensors) -> int:
+    """The largest power of two up to 16 that divides every batch, token and head stride of these
+    (B, N, H, D) tensors. The kernels take those strides divided by it (``row_strides``) and multiply them
+    back by it as a compile-time constant (AL), so the compiler knows where rows may start: Triton marks a
+    run-time int only as 16-divisible or not, and DiT's head stride 72 is not (triton_chunked.py).
+    1 when a stride needs 64 bits: divided, it could arrive as a 32-bit int and overflow when multiplied back."""
+    return _stride_unit_of(*(t.stride() for t in tensors))
+
+
+def _row_strides_of(stride, unit):
+    b, n, h, d = stride
+    return b // unit, n // unit, h // unit, d
+
+
 def row_strides(t, unit):
     """(batch, token, head strides divided by ``unit``, head-dim stride) of a (B, N, H, D) tensor."""
-    b, n, h, d = t.stride()
-    return b // unit, n // unit, h // unit, d
+    return _row_strides_of(t.stride(), unit)
+
+
+def _contiguous(shape) -> tuple:
+    """Strides of a contiguous tensor of ``shape`` (the outputs the launchers allocate)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 def _tokens_per_program(largest, J, dtype):
@@ -159,22 +212,230 @@ def _tokens_per_program(largest, J, dtype):
     return None if largest is None or dtype == torch.float32 else -(-largest // J)
 
 
+class _Launch(NamedTuple):
+    """One kernel launch worked out from shapes and settings: its grid, the run-time scalars that follow the
+    tensor arguments, and the compile-time constants and launch options."""
+
+    grid: tuple
+    scalars: tuple
+    consts: dict
+
+
+def _cached(cache: dict, key, build):
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= MAX_CACHED:
+            cache.clear()
+        hit = cache[key] = build()
+    return hit
+
+
+# ---- launch records: pure functions of shapes, strides, dtypes, options and one settings table -----------
+
+def _summary_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> _Launch:
+    B, N, H, D = shape
+    fp32 = dtype == torch.float32
+    rope = tstrides is not None
+    BD, TILE, BT, warps, stages = _chunked_tiles(settings["summary"], D, rope and fp32,
+                                                 _tokens_per_program(largest, J, dtype), fp32=fp32)
+    X = D * D + D
+    al = _stride_unit_of(k_stride, v_stride)
+    return _Launch(
+        (B * H, M * J, _cdiv(D, TILE)),
+        (*_row_strides_of(k_stride, al), *_row_strides_of(v_stride, al), *(tstrides or (0, 0, 0, 0)),
+         H, M * J, J, D, X),
+        dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=fp32 or _interpreting(), IEEE=fp32, ROPE=rope, AL=al,
+             PREFETCH=settings["summary"].prefetch, num_warps=warps, num_stages=stages))
+
+
+def _mix_launch(settings, a_shape, a_stride, src_shape, src_dtype, J, ieee, transpose, column_programs,
+                device) -> tuple:
+    """(launch, (B, H, rows, X)) of mix_kernel: A is Mc (``a_shape``, fp32 with strides ``a_stride``) or its
+    transpose."""
+    B, H, K, X = src_shape
+    M = a_shape[-1] if transpose else a_shape[-2]  # A's rows
+    sah = a_stride[0] if len(a_shape) == 3 else 0
+    sai, saj = a_stride[-2], a_stride[-1]
+    if transpose:
+        sai, saj = saj, sai
+    c = settings["mix"].for_inputs(fp32=ieee)
+    BM = min(64, max(16, _next_pow2(M)))
+    one_k = K <= 64
+    BK = max(16, _next_pow2(K)) if one_k else c.BK
+    BX = c.BX or min(256, max(64, c.acc // BM))  # (an explicit BX: fp32's, or the sweep's)
+    row_tiles, col_tiles = _cdiv(M, BM), _cdiv(X, BX)
+    if column_programs is None:
+        sms = _num_sms(device.index or 0) if device.type == "cuda" else 1
+        column_programs = _cdiv(c.per_sm * sms, B * H * row_tiles)
+    P = min(column_programs, col_tiles)
+    launch = _Launch(
+        (B * H, P, row_tiles), (sah, sai, saj, H, M, K, J, P, X),
+        dict(BM=BM, BK=BK, BX=BX, ONE_K=one_k, IEEE=ieee, LOWP=_lowp("mix", src_dtype, settings) and not ieee,
+             num_warps=c.warps, num_stages=c.stages))
+    return launch, (B, H, M, X)
+
+
+class _MixGradLaunch(NamedTuple):
+    products: _Launch
+    part_shape: tuple
+    torch_sum: Optional[tuple]  # the part axes summed by torch, or None: part_sum_kernel adds them
+    sum_launch: Optional[_Launch]
+    out_shape: tuple
+
+
+def _mix_grad_launch(settings, shape, per_head, ieee) -> _MixGradLaunch:
+    B, H, M, X = shape
+    c = settings["mix_grad"]
+    XT = c.XT
+    NT = _cdiv(X, XT)
+    BM = min(64, max(16, _next_pow2(M)))
+    products = _Launch((B * H, NT, _cdiv(M, BM) ** 2), (M, X, NT, XT),
+                       dict(BM=BM, BK=c.BK, IEEE=ieee, num_warps=c.warps, num_stages=c.stages))
+    groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
+    grid = (_cdiv(M * M, c.BY), heads)
+    out_shape = (H, M, M) if per_head else (M, M)
+    if c.sum == "torch" or (c.sum == "auto" and grid[0] * heads < c.sum_programs):
+        return _MixGradLaunch(products, (B, H, NT, M, M), (0, 2) if per_head else (0, 1, 2), None, out_shape)
+    total = _Launch(grid, (groups, rows, H * NT, NT if per_head else 0, M * M), dict(BR=c.BR, BY=c.BY))
+    return _MixGradLaunch(products, (B, H, NT, M, M), None, total, out_shape)
+
+
+def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, eps, scale, fcode) -> _Launch:
+    B, N, H, D = shape
+    fp32 = dtype == torch.float32
+    rope = tstrides is not None
+    BD, TILE, BT, warps, stages = _chunked_tiles(settings["apply"], D, rope and fp32, fp32=fp32)
+    o_stride = _contiguous(shape)
+    al = _stride_unit_of(q_stride, o_stride)
+    return _Launch(
+        (B * H, M * J, _cdiv(D, TILE)),
+        (*_row_strides_of(q_stride, al), *_row_strides_of(o_stride, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D,
+         D * D + D, eps, scale),
+        dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=fp32,
+             LOWP=_lowp("apply", dtype, settings), ROPE=rope, AL=al, PREFETCH=settings["apply"].prefetch,
+             num_warps=warps, num_stages=stages))
+
+
+def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode) -> _Launch:
+    """``strides``: those of q, k, v."""
+    B, N, H, D = shape
+    rope = tstrides is not None
+    tiles = _dense_tiles(settings, D, dtype, rope, normalize)
+    warps, stages = tiles.pop("warps"), tiles.pop("stages")
+    ieee = dtype == torch.float32
+    o_stride = _contiguous(shape)
+    al = _stride_unit_of(*strides, o_stride)
+    rows = tuple(s for st in (*strides, o_stride) for s in _row_strides_of(st, al))
+    return _Launch(
+        (B * H, _cdiv(N, tiles["BT"])),
+        (*rows, *(tstrides or (0, 0, 0, 0)), N, H, D, M, M * M if per_head else 0, eps, scale),
+        dict(**tiles, BM=max(16, _next_pow2(M)), ONEHOT=settings["dense"].onehot and M <= 128, FEATURE=fcode,
+             NORMALIZE=normalize, DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, num_warps=warps,
+             num_stages=stages))
+
+
+def _query_grad_launch(settings, shape, dtype, q_stride, g_stride, tstrides, M, J, normalize, eps, scale,
+                       fcode) -> _Launch:
+    B, N, H, D = shape
+    fp32 = dtype == torch.float32
+    rope = tstrides is not None
+    BD, TILE, BT, warps, stages = _chunked_tiles(settings["query_grad"], D, rope and fp32, fp32=fp32)
+    own = _contiguous(shape)  # o and dq
+    al = _stride_unit_of(q_stride, g_stride, own)
+    return _Launch(
+        (B * H, M * J, _cdiv(D, TILE)),
+        (*_row_strides_of(q_stride, al), *_row_strides_of(g_stride, al), *_row_strides_of(own, al),
+         *_row_strides_of(own, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D, D * D + D, eps, scale),
+        dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=fp32, ROPE=rope,
+             LOWP=_lowp("query_grad", dtype, settings), AL=al, PREFETCH=settings["query_grad"].prefetch,
+             num_warps=warps, num_stages=stages))
+
+
+def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> _Launch:
+    B, N, H, D = shape
+    fp32 = dtype == torch.float32
+    rope = tstrides is not None
+    BD, TILE, BT, warps, stages = _chunked_tiles(settings["key_grad"], D, rope and fp32,
+                                                 _tokens_per_program(largest, J, dtype), fp32=fp32)
+    own = _contiguous(shape)  # dk and dv
+    al = _stride_unit_of(k_stride, v_stride, own)
+    return _Launch(
+        (B * H, M * J, _cdiv(D, TILE)),
+        (*_row_strides_of(k_stride, al), *_row_strides_of(v_stride, al), *_row_strides_of(own, al),
+         *_row_strides_of(own, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D, D * D + D),
+        dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, IEEE=fp32, ROPE=rope, LOWP=_lowp("key_grad", dtype, settings),
+             AL=al, PREFETCH=settings["key_grad"].prefetch, num_warps=warps, num_stages=stages))
+
+
+# ---- launches: allocate the outputs, launch with a record ------------------------------------------------
+
+def _run_summary(launch, k, v, order, offsets, cos, sin):
+    B, N, H, D = k.shape
+    sz = _empty((B, H, launch.grid[1], D * D + D), k.device, summary_dtype(k.dtype))  # (grid[1]: M * J)
+    summary_kernel[launch.grid](k, v, sz, order, offsets, k if cos is None else cos, k if sin is None else sin,
+                                *launch.scalars, **launch.consts)
+    return sz
+
+
+def _run_mix(launch, out_shape, m, src, out_dtype):
+    out = _empty(out_shape, src.device, out_dtype)
+    mix_kernel[launch.grid](m, src, out, *launch.scalars, **launch.consts)
+    return out
+
+
+def _run_mix_grad(launch: _MixGradLaunch, dmixed, block_sz):
+    part = torch.empty(launch.part_shape, device=dmixed.device, dtype=torch.float32)
+    mix_grad_kernel[launch.products.grid](dmixed, block_sz, part, *launch.products.scalars, **launch.products.consts)
+    if launch.torch_sum is not None:
+        return part.sum(dim=launch.torch_sum)
+    out = _empty(launch.out_shape, dmixed.device, torch.float32)
+    part_sum_kernel[launch.sum_launch.grid](part, out, *launch.sum_launch.scalars, **launch.sum_launch.consts)
+    return out
+
+
+def _run_apply(launch, q, mixed, order, offsets, cos, sin):
+    o = _empty(q.shape, q.device, q.dtype)
+    apply_kernel[launch.grid](q, mixed, o, order, offsets, q if cos is None else cos, q if sin is None else sin,
+                              *launch.scalars, **launch.consts)
+    return o
+
+
+def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
+    o = _empty(q.shape, q.device, q.dtype)
+    dense_forward_kernel[launch.grid](q, k, v, mixf, blk, o, q if cos is None else cos, q if sin is None else sin,
+                                      *launch.scalars, **launch.consts)
+    return o
+
+
+def _run_query_grad(launch, q, g, o, mixed, order, offsets, cos, sin, M, J):
+    B, N, H, D = q.shape
+    dq = _empty(q.shape, q.device, q.dtype)
+    dsz_part = _empty((B, H, M * J, D * D + D), q.device, summary_dtype(q.dtype))
+    query_grad_kernel[launch.grid](q, g, o, mixed, dq, dsz_part, order, offsets, q if cos is None else cos,
+                                   q if sin is None else sin, *launch.scalars, **launch.consts)
+    return dq, dsz_part
+
+
+def _run_key_grad(launch, k, v, dsz, order, offsets, cos, sin):
+    dk = _empty(k.shape, k.device, k.dtype)
+    dv = _empty(v.shape, v.device, v.dtype)
+    key_grad_kernel[launch.grid](k, v, dsz, dk, dv, order, offsets, k if cos is None else cos,
+                                 k if sin is None else sin, *launch.scalars, **launch.consts)
+    return dk, dv
+
+
+# ---- the launchers for callers outside the op: the settings in force, records cached ---------------------
+
+_launches: dict = {}
+
+
 def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
     """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings)."""
-    B, N, H, D = k.shape
-    fp32 = k.dtype == torch.float32
-    BD, TILE, BT, warps, stages = _config("summary", D, cos is not None and fp32,
-                                          _tokens_per_program(largest, J, k.dtype), fp32=fp32)
-    X = D * D + D
-    sz = _new((B, H, M * J, X), k, summary_dtype(k.dtype))
-    tables, tstrides, rope = _rope_args(cos, sin, k)
-    al = stride_unit(k, v)
-    summary_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, sz, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *tstrides, H, M * J, J, D, X,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, DOT_F32=k.dtype == torch.float32 or _interpreting(),
-        IEEE=k.dtype == torch.float32, ROPE=rope, AL=al, PREFETCH=_prefetch("summary"), num_warps=warps,
-        num_stages=stages)
-    return sz
+    settings, tstrides = current_settings(), _table_strides(cos, sin)
+    key = ("summary", id(settings), k.shape, k.dtype, k.stride(), v.stride(), tstrides, M, J, fcode, largest)
+    launch = _cached(_launches, key, lambda: (settings, _summary_launch(
+        settings, k.shape, k.dtype, k.stride(), v.stride(), tstrides, M, J, fcode, largest)))[1]
+    return _run_summary(launch, k, v, order, offsets, cos, sin)
 
 
 def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, column_programs=None):
@@ -184,92 +445,58 @@ def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, colu
     ``column_programs``: programs per (batch, head, row tile), each walking every such-th column tile;
     by default enough for the mix settings' ``per_sm`` programs per SM in all (off the GPU, as for one SM)."""
     B, H, K, X = src.shape
-    M, C = (mix.shape[-1], mix.shape[-2]) if transpose else (mix.shape[-2], mix.shape[-1])  # A's rows, columns
+    C = mix.shape[-2] if transpose else mix.shape[-1]  # A's columns
     if K != C * J or not src.is_contiguous():
         raise ValueError(f"src must be contiguous with C * J = {C} * {J} rows per head (C: the mix's "
                          f"{'rows' if transpose else 'columns'}), not {tuple(src.shape)}")
-    m = mix.float()
-    sah = m.stride(0) if m.dim() == 3 else 0
-    sai, saj = m.stride(-2), m.stride(-1)
-    if transpose:
-        sai, saj = saj, sai
-    out = _new((B, H, M, X), src, out_dtype)
-    c = kernel_settings("mix").for_inputs(fp32=ieee)
-    BM = min(64, max(16, triton.next_power_of_2(M)))
-    one_k = K <= 64
-    BK = max(16, triton.next_power_of_2(K)) if one_k else c.BK
-    BX = c.BX or min(256, max(64, c.acc // BM))  # (an explicit BX: fp32's, or the sweep's)
-    row_tiles, col_tiles = triton.cdiv(M, BM), triton.cdiv(X, BX)
-    if column_programs is None:
-        sms = _num_sms(src.device.index or 0) if src.device.type == "cuda" else 1
-        column_programs = triton.cdiv(c.per_sm * sms, B * H * row_tiles)
-    elif column_programs < 1:
+    if column_programs is not None and column_programs < 1:
         raise ValueError(f"column_programs={column_programs} must be at least 1")
-    P = min(column_programs, col_tiles)
-    mix_kernel[(B * H, P, row_tiles)](
-        m, src, out, sah, sai, saj, H, M, K, J, P, X, BM=BM, BK=BK, BX=BX, ONE_K=one_k, IEEE=ieee,
-        LOWP=_lowp("mix", src.dtype) and not ieee, num_warps=c.warps, num_stages=c.stages)
-    return out
+    m = mix.float()
+    settings = current_settings()
+    key = ("mix", id(settings), m.shape, m.stride(), src.shape, src.dtype, J, ieee, transpose, column_programs,
+           src.device)
+    launch, out_shape = _cached(_launches, key, lambda: (settings, _mix_launch(
+        settings, m.shape, m.stride(), src.shape, src.dtype, J, ieee, transpose, column_programs, src.device)))[1]
+    return _run_mix(launch, out_shape, m, src, out_dtype)
 
 
 def launch_mix_grad(dmixed, block_sz, per_head, ieee):
     """dMc: (H, M, M) per head or (M, M) shared, = sum over batch (and heads) of dS~ @ S^T."""
-    B, H, M, X = dmixed.shape
-    c = kernel_settings("mix_grad")
-    XT = c.XT
-    NT = triton.cdiv(X, XT)
-    BM = min(64, max(16, triton.next_power_of_2(M)))
-    part = torch.empty((B, H, NT, M, M), device=dmixed.device, dtype=torch.float32)
-    mix_grad_kernel[(B * H, NT, triton.cdiv(M, BM) ** 2)](
-        dmixed, block_sz, part, M, X, NT, XT, BM=BM, BK=c.BK, IEEE=ieee, num_warps=c.warps,
-        num_stages=c.stages)
-    groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
-    grid = (triton.cdiv(M * M, c.BY), heads)
-    if c.sum == "torch" or (c.sum == "auto" and grid[0] * heads < c.sum_programs):
-        return part.sum(dim=(0, 2)) if per_head else part.sum(dim=(0, 1, 2))
-    out = _new((H, M, M) if per_head else (M, M), dmixed, torch.float32)
-    part_sum_kernel[grid](
-        part, out, groups, rows, H * NT, NT if per_head else 0, M * M, BR=c.BR, BY=c.BY)
-    return out
+    settings = current_settings()
+    key = ("mix_grad", id(settings), dmixed.shape, per_head, ieee)
+    launch = _cached(_launches, key, lambda: (settings, _mix_grad_launch(settings, dmixed.shape, per_head,
+                                                                         ieee)))[1]
+    return _run_mix_grad(launch, dmixed, block_sz)
 
 
 def launch_apply(q, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
-    B, N, H, D = q.shape
-    BD, TILE, BT, warps, stages = _config("apply", D, cos is not None and q.dtype == torch.float32,
-                                          fp32=q.dtype == torch.float32)
-    o = _new((B, N, H, D), q, q.dtype)
-    tables, tstrides, rope = _rope_args(cos, sin, q)
-    al = stride_unit(q, o)
-    apply_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, mixed, o, order, offsets, *tables, *row_strides(q, al), *row_strides(o, al), *tstrides, H, M, J, D,
-        D * D + D, eps, scale, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize,
-        IEEE=q.dtype == torch.float32, LOWP=_lowp("apply", q.dtype), ROPE=rope, AL=al, PREFETCH=_prefetch("apply"),
-        num_warps=warps, num_stages=stages)
-    return o
+    settings, tstrides = current_settings(), _table_strides(cos, sin)
+    key = ("apply", id(settings), q.shape, q.dtype, q.stride(), tstrides, M, J, normalize, eps, scale, fcode)
+    launch = _cached(_launches, key, lambda: (settings, _apply_launch(
+        settings, q.shape, q.dtype, q.stride(), tstrides, M, J, normalize, eps, scale, fcode)))[1]
+    return _run_apply(launch, q, mixed, order, offsets, cos, sin)
 
 
 def dense_head_pieces(D: int, den_col: bool) -> tuple[int, int]:
     """(BD, BD2): the dense kernel's head-dim tiles. One power-of-two tile of next_pow2(D) columns, or
     two (BD = the largest power of two below D, BD2 the rest rounded up) when the two are narrower:
     72 with a denominator column as 64 + 16 instead of 128. ``den_col``: one padding column is needed."""
-    width = max(16, triton.next_power_of_2(D))
+    width = max(16, _next_pow2(D))
     if D <= 16 or D == width or width > 128:  # (wider: the 32-query tiles of BD = 256 stay as they are)
         return width, 0
-    first = max(16, triton.next_power_of_2(D) // 2)
-    rest = max(16, triton.next_power_of_2(D - first + den_col))
+    first = max(16, _next_pow2(D) // 2)
+    rest = max(16, _next_pow2(D - first + den_col))
     return (first, rest) if first + rest < width else (width, 0)
 
 
-def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
-    """The dense kernel's tile constants for these inputs: the head-dim tiles BD (+ BD2), queries BT and
-    keys BS per step, DEN_COL (the denominator as a padding column of v, where there is one), and the
-    launch's warps and stages."""
-    c = kernel_settings("dense")
+def _dense_tiles(settings, D: int, dtype, rope: bool, normalize: bool) -> dict:
+    """``dense_settings`` for the settings table ``settings``."""
+    c = settings["dense"]
     den_col = normalize and not rope
     fp32 = dtype == torch.float32
     # two head-dim tiles for half-precision inputs only: fp32 tiles in two pieces spill registers
     # (`benchmarks/kernel_resources.py --head-dim 72 --dense-variants`), and fp32 is not the fast path
-    BD, BD2 = dense_head_pieces(D, den_col) if not fp32 else (max(16, triton.next_power_of_2(D)), 0)
+    BD, BD2 = dense_head_pieces(D, den_col) if not fp32 else (max(16, _next_pow2(D)), 0)
     BT = 32 if BD > 128 else (min(c.BT, 64) if fp32 else c.BT)
     # fp32 with rope keeps rotated and plain copies of both tiles: 64-key steps overflow shared memory at D=128
     # and 32-key steps at D=256 (234 KiB; 16 keys: 150 KiB, `benchmarks/kernel_resources.py --dense-variants`)
@@ -279,7 +506,7 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
         BS = 16 if BD > 128 and rope and fp32 else 32
     warps, stages = c.warps, c.stages
     if BD2:  # both pieces below 128 columns: settings of their own
-        split = kernel_settings("dense_split")
+        split = settings["dense_split"]
         BT, BS, warps, stages = split.BT, split.BS, split.warps, split.stages
         if rope:  # its rotated copies: 64-key steps spill 264 bytes at D = 72 (32: 8; kernel_resources.py)
             BS = min(BS, 32)
@@ -287,121 +514,209 @@ def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
                 warps=warps, stages=stages)
 
 
+def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
+    """The dense kernel's tile constants for these inputs: the head-dim tiles BD (+ BD2), queries BT and
+    keys BS per step, DEN_COL (the denominator as a padding column of v, where there is one), and the
+    launch's warps and stages."""
+    return _dense_tiles(current_settings(), D, dtype, rope, normalize)
+
+
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
-    B, N, H, D = q.shape
     M = math.prod(blocks)
-    onehot = kernel_settings("dense").onehot
-    tiles = dense_settings(D, q.dtype, cos is not None, normalize)
-    warps, stages = tiles.pop("warps"), tiles.pop("stages")
-    BM = max(16, triton.next_power_of_2(M))
-    ieee = q.dtype == torch.float32
-    o = _new((B, N, H, D), q, q.dtype)
-    mixf = mix.float().contiguous()
-    tables, tstrides, rope = _rope_args(cos, sin, q)
-    al = stride_unit(q, k, v, o)
-    dense_forward_kernel[(B * H, triton.cdiv(N, tiles["BT"]))](
-        q, k, v, mixf, _token_blocks_int32(grid, blocks, q.device), o, *tables,
-        *row_strides(q, al), *row_strides(k, al), *row_strides(v, al), *row_strides(o, al), *tstrides,
-        N, H, D, M, M * M if mix.dim() == 3 else 0, eps, scale, **tiles, BM=BM, ONEHOT=onehot and M <= 128,
-        FEATURE=fcode, NORMALIZE=normalize,
-        DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, num_warps=warps, num_stages=stages)
-    return o
+    settings, tstrides = current_settings(), _table_strides(cos, sin)
+    strides = (q.stride(), k.stride(), v.stride())
+    key = ("dense", id(settings), q.shape, q.dtype, strides, tstrides, M, mix.dim() == 3, normalize, eps, scale,
+           fcode)
+    launch = _cached(_launches, key, lambda: (settings, _dense_launch(
+        settings, q.shape, q.dtype, strides, tstrides, M, mix.dim() == 3, normalize, eps, scale, fcode)))[1]
+    return _run_dense(launch, q, k, v, mix.float().contiguous(), _token_blocks_int32(grid, blocks, q.device), cos,
+                      sin)
 
 
 def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
-    B, N, H, D = q.shape
-    BD, TILE, BT, warps, stages = _config("query_grad", D, cos is not None and q.dtype == torch.float32,
-                                          fp32=q.dtype == torch.float32)
-    X = D * D + D
-    dq = _new((B, N, H, D), q, q.dtype)
-    dsz_part = _new((B, H, M * J, X), q, summary_dtype(q.dtype))
-    tables, tstrides, rope = _rope_args(cos, sin, q)
-    al = stride_unit(q, g, o, dq)
-    query_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        q, g, o, mixed, dq, dsz_part, order, offsets, *tables, *row_strides(q, al), *row_strides(g, al),
-        *row_strides(o, al), *row_strides(dq, al), *tstrides, H, M, J, D, X, eps, scale,
-        BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=q.dtype == torch.float32,
-        ROPE=rope, LOWP=_lowp("query_grad", q.dtype), AL=al, PREFETCH=_prefetch("query_grad"),
-        num_warps=warps, num_stages=stages)
-    return dq, dsz_part
+    """dq and the per-(block, split) dS~, dz~. ``o`` must be contiguous, as the forward's is."""
+    settings, tstrides = current_settings(), _table_strides(cos, sin)
+    key = ("query_grad", id(settings), q.shape, q.dtype, q.stride(), g.stride(), tstrides, M, J, normalize, eps,
+           scale, fcode)
+    launch = _cached(_launches, key, lambda: (settings, _query_grad_launch(
+        settings, q.shape, q.dtype, q.stride(), g.stride(), tstrides, M, J, normalize, eps, scale, fcode)))[1]
+    return _run_query_grad(launch, q, g, o, mixed, order, offsets, cos, sin, M, J)
 
 
 def launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
-    B, N, H, D = k.shape
-    fp32 = k.dtype == torch.float32
-    BD, TILE, BT, warps, stages = _config("key_grad", D, cos is not None and fp32,
-                                          _tokens_per_program(largest, J, k.dtype), fp32=fp32)
-    dk = _new((B, N, H, D), k, k.dtype)
-    dv = _new((B, N, H, D), v, v.dtype)
-    tables, tstrides, rope = _rope_args(cos, sin, k)
-    al = stride_unit(k, v, dk, dv)
-    key_grad_kernel[(B * H, M * J, triton.cdiv(D, TILE))](
-        k, v, dsz, dk, dv, order, offsets, *tables, *row_strides(k, al), *row_strides(v, al), *row_strides(dk, al),
-        *row_strides(dv, al), *tstrides, H, M, J, D, D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=fcode,
-        IEEE=k.dtype == torch.float32, ROPE=rope, LOWP=_lowp("key_grad", k.dtype), AL=al,
-        PREFETCH=_prefetch("key_grad"), num_warps=warps, num_stages=stages)
-    return dk, dv
+    settings, tstrides = current_settings(), _table_strides(cos, sin)
+    key = ("key_grad", id(settings), k.shape, k.dtype, k.stride(), v.stride(), tstrides, M, J, fcode, largest)
+    launch = _cached(_launches, key, lambda: (settings, _key_grad_launch(
+        settings, k.shape, k.dtype, k.stride(), v.stride(), tstrides, M, J, fcode, largest)))[1]
+    return _run_key_grad(launch, k, v, dsz, order, offsets, cos, sin)
+
+
+# ---- the op's plans ------------------------------------------------------------------------------------
+
+class _Plan:
+    """Everything the op's launches need that follows from its cache key (``_plan``): the algorithm and
+    token splits, the block index tensors, and one launch record per kernel; the backward's records per
+    stride pattern of the incoming gradient, made on its first use. Launches take the settings the plan was
+    made with, so a backward launches with its forward's settings on whatever thread autograd runs it."""
+
+    def __init__(self, settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
+                 cos, sin):
+        B, N, H, D = shape = q.shape
+        dtype, device = q.dtype, q.device
+        M = math.prod(blocks)
+        if splits is None:
+            largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
+            splits = choose_splits(B, H, M, largest, D, device)
+        if algorithm == "auto":
+            algorithm = choose_algorithm(B, N, H, D, M, splits, dtype, cos is not None)
+        self.settings, self.algorithm, self.M, self.J = settings, algorithm, M, int(splits)
+        self.per_head = mix.dim() == 3
+        self.ieee = dtype == torch.float32
+        self.fcode = fcode = FEATURE_CODES[feature_map]
+        self.order, self.offsets, self.largest = block_token_lists(grid, blocks, device)
+        self.tstrides = tstrides = _table_strides(cos, sin)
+        self.args = (shape, dtype, tstrides, normalize, eps, scale, fcode)
+        self.k_stride, self.v_stride = k.stride(), v.stride()
+        self.q_stride = q.stride()
+        # Mc as the kernels read it: fp32 (the dense kernel: contiguous too); the mix kernels take any strides
+        contiguous = mix.stride() == _contiguous(mix.shape)
+        self.mix_copy = mix.dtype != torch.float32 or (algorithm == "dense" and not contiguous)
+        mix_stride = _contiguous(mix.shape) if self.mix_copy else mix.stride()
+        self.mix_shape, self.mix_stride = mix.shape, mix_stride
+        self.backward_plans: dict = {}
+        if algorithm == "dense":
+            self.blk = _token_blocks_int32(grid, blocks, device)
+            self.dense = _dense_launch(settings, shape, dtype, (q.stride(), k.stride(), v.stride()), tstrides, M,
+                                       self.per_head, normalize, eps, scale, fcode)
+        else:
+            self._summary_and_mix(shape, dtype, device)
+            self.apply = _apply_launch(settings, shape, dtype, q.stride(), tstrides, M, self.J, normalize, eps,
+                                       scale, fcode)
+
+    def _summary_and_mix(self, shape, dtype, device):
+        B, N, H, D = shape
+        M, J, settings = self.M, self.J, self.settings
+        self.summary = _summary_launch(settings, shape, dtype, self.k_stride, self.v_stride, self.tstrides, M, J,
+                                       self.fcode, self.largest)
+        # the apply rounds S~ to the input dtype for its products, so S~ is stored as the summaries are
+        self.mix = _mix_launch(settings, self.mix_shape, self.mix_stride, (B, H, M * J, D * D + D),
+                               summary_dtype(dtype), J, self.ieee, False, None, device)
+
+    def mix_operand(self, mix):
+        return mix.float().contiguous() if self.mix_copy else mix
+
+    def forward(self, q, k, v, mix, cos, sin):
+        """(o, sz, mixed); sz and mixed are None after the dense algorithm, which keeps no summaries."""
+        m = self.mix_operand(mix)
+        if self.algorithm == "dense":
+            return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin), None, None
+        sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin)
+        mixed = _run_mix(*self.mix, m, sz, sz.dtype)
+        o = _run_apply(self.apply, q, mixed, self.order, self.offsets, cos, sin)
+        return o, sz, mixed
+
+    def backward(self, g, q, k, v, mix, o, sz, mixed, cos, sin):
+        """The gradients of q, k, v and mix. The backward's own summaries (dS~ per query block, dS per key
+        block) are stored as the forward's are (``summary_dtype``): key_grad rounds dS to the input dtype
+        for its products anyway, and the sums that make dMc and dS run in fp32."""
+        g_stride = g.stride()
+        bp = self.backward_plans.get(g_stride)
+        if bp is None:
+            if len(self.backward_plans) >= 16:
+                self.backward_plans.clear()
+            bp = self.backward_plans[g_stride] = _BackwardPlan(self, g_stride, q.device)
+        B, N, H, D = q.shape
+        M, J, X = self.M, self.J, D * D + D
+        order, offsets = self.order, self.offsets
+        m = self.mix_operand(mix)
+        if sz is None:  # the dense forward kept no summaries
+            sz = _run_summary(bp.summary, k, v, order, offsets, cos, sin)
+            mixed = _run_mix(*bp.mix, m, sz, sz.dtype)
+        dq, dsz_part = _run_query_grad(bp.query_grad, q, g, o, mixed, order, offsets, cos, sin, M, J)
+        # dS~ per query block (split parts summed in fp32)
+        dmixed = dsz_part.view(B, H, M, J, X).sum(3, dtype=torch.float32) if J > 1 else dsz_part
+        dsz = _run_mix(*bp.mix_transposed, m, dmixed, dsz_part.dtype)  # dS_b = Mc^T dS~
+        block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
+        dmix = _run_mix_grad(bp.mix_grad, dmixed, block_sz)  # dMc_ib = <dS~_i, S_b>
+        dk, dv = _run_key_grad(bp.key_grad, k, v, dsz, order, offsets, cos, sin)
+        return dq, dk, dv, dmix if dmix.dtype == mix.dtype else dmix.to(mix.dtype)
+
+
+class _BackwardPlan:
+    """The backward's launch records for one stride pattern of the incoming gradient."""
+
+    def __init__(self, plan: _Plan, g_stride, device):
+        shape, dtype, tstrides, normalize, eps, scale, fcode = plan.args
+        B, N, H, D = shape
+        M, J, settings = plan.M, plan.J, plan.settings
+        if plan.algorithm == "dense":  # the summaries are made again here
+            self.summary = _summary_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
+                                           fcode, plan.largest)
+            self.mix = _mix_launch(settings, plan.mix_shape, plan.mix_stride, (B, H, M * J, D * D + D),
+                                   summary_dtype(dtype), J, plan.ieee, False, None, device)
+        self.query_grad = _query_grad_launch(settings, shape, dtype, plan.q_stride, g_stride, tstrides, M, J,
+                                             normalize, eps, scale, fcode)
+        dmixed_dtype = torch.float32 if J > 1 else summary_dtype(dtype)
+        self.mix_transposed = _mix_launch(settings, plan.mix_shape, plan.mix_stride, (B, H, M, D * D + D),
+                                          dmixed_dtype, 1, plan.ieee, True, None, device)
+        self.mix_grad = _mix_grad_launch(settings, (B, H, M, D * D + D), plan.per_head, plan.ieee)
+        self.key_grad = _key_grad_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
+                                         fcode, plan.largest)
+
+
+_plans: dict = {}
+
+
+def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin) -> _Plan:
+    """The plan for these arguments under the launch settings in force, made on first use. The key holds the
+    settings table's id; a plan keeps its table alive, so while a plan is cached no other table has that id."""
+    settings = current_settings()
+    key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
+           mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
+           _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,
+                                                  scale, algorithm, splits, cos, sin))
+    return plan
 
 
 def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
                  cos=None, sin=None):
     """Returns (o, sz, mixed): the per-block (per-split) summaries and the mixed ones S~, z~, kept for the
     backward; both empty after the dense algorithm, which keeps nothing."""
-    M = math.prod(blocks)
-    fcode = FEATURE_CODES[feature_map]
-    if algorithm == "dense":
-        o = launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos, sin)
+    plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, eps, feature_map, scale, algorithm, splits,
+                 cos, sin)
+    o, sz, mixed = plan.forward(q, k, v, mix, cos, sin)
+    if sz is None:
         return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
-    order, offsets, largest = block_token_lists(grid, blocks, q.device)
-    sz = launch_summary(k, v, order, offsets, M, splits, fcode, cos, sin, largest)
-    # the apply rounds S~ to the input dtype for its products, so S~ is stored as the summaries are
-    mixed = launch_mix(mix, sz, splits, ieee=q.dtype == torch.float32, out_dtype=sz.dtype)
-    o = launch_apply(q, mixed, order, offsets, M, splits, normalize, eps, scale, fcode, cos, sin)
     return o, sz, mixed
 
 
 def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, feature_map, scale, splits,
                   cos=None, sin=None):
-    """The gradients of q, k, v and mix. The backward's own summaries (dS~ per query block, dS per key
-    block) are stored as the forward's are (``summary_dtype``): key_grad rounds dS to the input dtype
-    for its products anyway, and the sums that make dMc and dS run in fp32."""
-    B, N, H, D = q.shape
-    M, J, X = math.prod(blocks), splits, D * D + D
-    fcode = FEATURE_CODES[feature_map]
-    ieee = q.dtype == torch.float32
-    order, offsets, largest = block_token_lists(grid, blocks, q.device)
-    if sz.numel() == 0:  # the dense forward kept no summaries
-        sz = launch_summary(k, v, order, offsets, M, J, fcode, cos, sin, largest)
-        mixed = launch_mix(mix, sz, J, ieee, out_dtype=sz.dtype)
-    dq, dsz_part = launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos, sin)
-    # dS~ per query block (split parts summed in fp32)
-    dmixed = dsz_part.view(B, H, M, J, X).sum(3, dtype=torch.float32) if J > 1 else dsz_part
-    dsz = launch_mix(mix, dmixed, 1, ieee, transpose=True, out_dtype=dsz_part.dtype)  # dS_b = Mc^T dS~
-    block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
-    dmix = launch_mix_grad(dmixed, block_sz, mix.dim() == 3, ieee)       # dMc_ib = <dS~_i, S_b>
-    dk, dv = launch_key_grad(k, v, dsz, order, offsets, M, J, fcode, cos, sin, largest)
-    return dq, dk, dv, dmix.to(mix.dtype)
+    """The gradients of q, k, v and mix (``_Plan.backward``); empty ``sz`` after the dense forward."""
+    dense = sz.numel() == 0
+    plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, eps, feature_map, scale,
+                 "dense" if dense else "chunked", splits, cos, sin)
+    return plan.backward(g, q, k, v, mix, o, None if dense else sz, None if dense else mixed, cos, sin)
 
 
 # ---- eager path ---------------------------------------------------------------------------------
 
 class _MHLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mix, *args):
-        o, sz, mixed = forward_impl(q, k, v, mix, *args)
-        grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = args
+    def forward(ctx, q, k, v, mix, plan, cos, sin):
+        o, sz, mixed = plan.forward(q, k, v, mix, cos, sin)
         ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
-        ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
-        # the backward may run on another thread (autograd's GPU workers): it takes the forward's settings
-        ctx.settings = current_settings()
+        # the backward may run on another thread (autograd's GPU workers): the plan holds the forward's settings
+        ctx.plan = plan
         return o
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
-        with use_settings(ctx.settings):
-            grads = backward_impl(g, q, k, v, mix, o, sz, mixed, *ctx.args, cos, sin)
-        return (*grads,) + (None,) * 10
+        return (*ctx.plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin), None, None, None)
 
 
 # ---- torch.compile path: custom ops -------------------------------------------------------------
@@ -461,16 +776,18 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
     """Arguments already validated by ``mhla``. Returns o (B, N, H, D) in q's dtype."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
-    B, N, H, D = q.shape
-    M = math.prod(blocks)
-    if splits is None:
-        largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
-        splits = choose_splits(B, H, M, largest, D, q.device)
-    if algorithm == "auto":
-        algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None)
     cos, sin = rope if rope is not None else (None, None)
-    args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
-            1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # traced: no plan cache (the custom op's body makes its own plans)
+        B, N, H, D = q.shape
+        M = math.prod(blocks)
+        if splits is None:
+            largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
+            splits = choose_splits(B, H, M, largest, D, q.device)
+        if algorithm == "auto":
+            algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None)
+        args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
+                1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin)
         return torch.ops.mediagen.mhla_fwd(q, k, v, mix, *args)[0]
-    return _MHLAFunction.apply(q, k, v, mix, *args)
+    plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
+                 1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin)
+    return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin)
