@@ -3,6 +3,9 @@
 
 Prints markdown tables (and appends them to --out). Run from the repository root as a module. On a GPU:
     python -m benchmarks.text_encoders --out benchmarks/RESULTS.md --distill-steps 1000
+Prompt lengths, each attention's short path against its long path (the ``-long`` variants) and SDPA:
+    python -m benchmarks.text_encoders --only encode --lengths 77 512 4096 --batches 1 16 --iters 20 \
+        --attentions sdpa mlra2 mlra2-long mlra4 mlra4-long hla hla-long --graph
 On a CPU, end to end in about a minute with tiny shapes:
     python -m benchmarks.text_encoders --tiny
 Only some tables, e.g. MLRA decode against MHA at 4K-128K context:
@@ -45,7 +48,13 @@ VARIANTS = {
     "hla-top8c": dict(attention="hla", hla_top_k=8, hla_route="chunk"),     # cheap chunk-level routing
     "hla-top4c": dict(attention="hla", hla_top_k=4, hla_route="chunk"),
     "no-attention": dict(attention="sdpa"),   # the floor: every self-attention replaced by zeros (see below)
+    # the same encoders with every layer's short-sequence path switched off (short_max_tokens = 0): what
+    # the layers cost at prompt lengths without it (beyond their thresholds both variants are the same)
+    "mlra2-long": dict(attention="mlra2"),
+    "mlra4-long": dict(attention="mlra4"),
+    "hla-long": dict(attention="hla"),
 }
+LONG_PATH_ONLY = ("mlra2-long", "mlra4-long", "hla-long")
 MINILM_SHAPE = dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
 TINY_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, hla_chunk=16, hla_pool=4)
 # decode shapes: (name, hidden, heads); MLRA defaults d_c = 4 d_h, d_r = d_h / 2
@@ -83,6 +92,9 @@ def make_encoder(name, shape, device, dtype):
     if name == "no-attention":
         for layer in model.layers:
             layer.attn = NoAttention()
+    if name in LONG_PATH_ONLY:
+        for layer in model.layers:
+            layer.attn.short_max_tokens = 0
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -275,7 +287,8 @@ def main(argv=None):
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"])
     p.add_argument("--lengths", type=int, nargs="+", default=[77, 512, 4096, 32768])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--attentions", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--attentions", nargs="+", default=[v for v in VARIANTS if v not in LONG_PATH_ONLY],
+                   choices=list(VARIANTS), help="encoder variants (the -long ones only when named)")
     p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 32768, 65536, 131072])
     p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--skip-length", type=int, default=8192)

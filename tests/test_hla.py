@@ -1,5 +1,6 @@
 """HLA: the chunked path against the token-by-token recurrence (fp64), gates in [0, 1], gates of 1
-giving Gated DeltaNet exactly, chunk skipping, the regularisers, and padding."""
+giving Gated DeltaNet exactly, chunk skipping, the regularisers, padding, and the short-sequence path
+equal to the chunked one (forward and gradients)."""
 
 import pytest
 import torch
@@ -229,3 +230,150 @@ def test_chunk_routing_reads_only_its_top_k_chunks():
                                rtol=1e-10, atol=1e-10)
     out = m(x)
     assert out.shape == (2, 24, 16) and torch.isfinite(out).all()
+
+
+# ---- the short path (closed form up to two chunks) against the long path ----
+
+def make_random(chunk=8, pool=2, dtype=torch.float32, seed=0, **kw):
+    """An HLA layer with random router weights (identity at init would hide a transposed map) and
+    decays strong enough that the chunks' maps differ from the identity."""
+    torch.manual_seed(seed)
+    m = HLAttention(16, 2, chunk=chunk, pool=pool, **kw).to(dtype)
+    with torch.no_grad():
+        for p in (m.route_q, m.pool_k, m.pool_v, m.pool_o):
+            p.add_(torch.randn_like(p) * 0.5)
+        m.A_log.copy_(torch.randn_like(m.A_log))
+        m.out_norm.weight.uniform_(0.5, 1.5)
+        m.out_proj.bias.normal_()
+    return m
+
+
+def padding_mask(b, n, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "none":
+        return None
+    if kind == "right":
+        lengths = torch.randint(1, n + 1, (b,), generator=g)
+        return (torch.arange(n)[None] < lengths[:, None]).long()
+    mask = (torch.rand(b, n, generator=g) > 0.4).long()             # holes anywhere
+    mask[:, 0] = 1
+    return mask
+
+
+def assert_close_fp32(got, want, what, tol=2e-5, floor=0.0):
+    """L2 error within fp32 rounding of a reordered computation: below ``tol`` relative to want's norm,
+    plus ``floor``. A wrong mask, decay or gate gives relative errors of order 1."""
+    diff, ref = (got.double() - want.double()).norm().item(), want.double().norm().item()
+    assert diff <= tol * ref + floor, f"{what}: L2 error {diff:.2e} against norm {ref:.2e}"
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 9, 13, 16])
+@pytest.mark.parametrize("batch,mask_kind", [(1, "none"), (3, "none"), (3, "right"), (3, "holes")])
+def test_short_path_equals_long_path_forward_and_gradients(n, batch, mask_kind):
+    """Chunk 8: lengths of one chunk and of two (the short path's limit, 16), below and above a
+    threshold of 8 tokens (each path forced), fresh random inputs: the same outputs and the same
+    gradients for the input and every parameter, the router's included, to fp32 rounding."""
+    m = make_random(seed=n)
+    m.short_max_tokens = 8
+    seed = 100 * n + batch
+    x = torch.randn(batch, n, 16, generator=torch.Generator().manual_seed(seed))
+    mask = padding_mask(batch, n, mask_kind, seed)
+    weight = torch.randn(batch, n, 16, generator=torch.Generator().manual_seed(seed + 1))
+    results = []
+    for path in (m._forward_short, m._forward_long):
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = path(xi, mask)
+        (out * weight).sum().backward()
+        grads = {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+        results.append((out.detach(), xi.grad, grads))
+    (short, gx_s, gp_s), (long, gx_l, gp_l) = results
+    assert long.abs().max() > 0.1
+    assert_close_fp32(short, long, "output")
+    assert_close_fp32(gx_s, gx_l, "input gradient")
+    assert set(gp_s) == set(gp_l)                                    # the router trains from two chunks on
+    assert ("route_q" in gp_l) == (n > 8)
+    floor = 2e-5 * max(g.norm().item() for g in gp_l.values())       # exact zeros are rounding noise on both
+    for name in gp_l:
+        assert_close_fp32(gp_s[name], gp_l[name], f"gradient of {name}", floor=floor)
+
+
+def test_short_path_reads_the_gates():
+    """Two chunks: the second chunk's output depends on its gates (so the comparison above checks
+    them): it differs from plain GDN, and matches the long path with the gates forced to 1 when the
+    gate bias is huge."""
+    m = make_random(dtype=F64)
+    x = torch.randn(2, 14, 16, dtype=F64)
+    short = m._forward_short(x)
+    torch.testing.assert_close(short, m._forward_long(x), rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(short[:, 8:], m.forward_gdn(x)[:, 8:], atol=1e-3)
+    torch.testing.assert_close(short[:, :8], m.forward_gdn(x)[:, :8], rtol=1e-10, atol=1e-10)
+    m.gate_bias = 1e3
+    torch.testing.assert_close(m._forward_short(x), m.forward_gdn(x), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("top_k,route", [(1, "token"), (2, "token"), (1, "chunk")])
+def test_short_path_with_chunk_skipping_options(top_k, route):
+    """With one past chunk at most, top_k >= 1 keeps it whatever the routing: the short path serves."""
+    m = make_random(dtype=F64, top_k=top_k, route=route)
+    x = torch.randn(2, 13, 16, dtype=F64)
+    assert m.takes_short_path(13)
+    torch.testing.assert_close(m._forward_short(x), m._forward_long(x), rtol=1e-10, atol=1e-10)
+
+
+def test_short_path_dispatch(monkeypatch):
+    """forward takes the short path up to short_max_tokens (default two chunks), else the long one,
+    and the long one where it does what the short one does not."""
+    m = make_random(dtype=F64).eval()                                # training mode asks for regularisers
+    assert m.short_max_tokens == 16 and HLAttention(16, 2).short_max_tokens == 512
+    calls = []
+    monkeypatch.setattr(m, "_forward_short", lambda *a, **k: calls.append("short"))
+    monkeypatch.setattr(m, "_forward_long", lambda *a, **k: calls.append("long"))
+    for n in (1, 8, 16, 17, 40):
+        m(torch.randn(1, n, 16, dtype=F64))
+    assert calls == ["short", "short", "short", "long", "long"]
+    calls.clear()
+    m(torch.randn(1, 12, 16, dtype=F64), return_aux=True)           # two chunks' regularisers
+    m(torch.randn(1, 6, 16, dtype=F64), return_aux=True)            # one chunk: they are 0
+    m(torch.randn(1, 12, 16, dtype=F64), gates_override=torch.ones(1, 2, 2, 8, 2, dtype=F64))
+    m.gate_threshold = 0.5
+    m(torch.randn(1, 12, 16, dtype=F64))
+    m(torch.randn(1, 6, 16, dtype=F64))
+    m.gate_threshold, m.short_max_tokens = None, 0
+    m(torch.randn(1, 3, 16, dtype=F64))
+    assert calls == ["long", "short", "long", "long", "short", "long"]
+    for bad in (-1, 17):
+        with pytest.raises(ValueError, match=f"short_max_tokens={bad} is not allowed"):
+            HLAttention(16, 2, chunk=8, pool=2, short_max_tokens=bad)
+
+
+def test_short_path_regularisers_and_cached_weights():
+    """One chunk in training mode: regularisers of 0, as the long path; the folded weights are cached
+    for inference and follow an in-place change of a parameter."""
+    m = make_random(dtype=F64).train()
+    x = torch.randn(2, 7, 16, dtype=F64)
+    out = m(x)
+    assert m.aux_losses["total"].item() == 0.0 and out.requires_grad
+    m.eval()
+    y = torch.randn(2, 12, 16, dtype=F64)
+    with torch.no_grad():
+        before = m(y)
+        m.pool_o.mul_(-2.0)
+        m.dt_bias.add_(1.0)
+        after = m(y)
+        assert not torch.allclose(before, after)
+        torch.testing.assert_close(after, m._forward_long(y), rtol=1e-10, atol=1e-10)
+
+
+def test_short_path_in_bfloat16():
+    """A bf16 layer computes between its projections in fp32 (the triangular solve needs it) and
+    agrees with the long path to bf16 rounding, at one chunk and at two."""
+    m = make_random(dtype=torch.bfloat16).eval()
+    for n in (6, 14):
+        x = torch.randn(2, n, 16).bfloat16()
+        mask = torch.ones(2, n, dtype=torch.long)
+        mask[1, n // 2:] = 0
+        with torch.no_grad():
+            short, long = m._forward_short(x, mask), m._forward_long(x, mask)
+        assert short.dtype == torch.bfloat16
+        assert_close_fp32(short, long, f"bf16 output at {n} tokens", tol=2e-2)

@@ -1,5 +1,6 @@
 """MLRA-2 / MLRA-4: shapes and scalings as specified, an independent per-branch oracle, decoding
-with the latent cache equal to the full forward, and masks."""
+with the latent cache equal to the full forward, masks, and the short-sequence path equal to the long
+one (forward and gradients)."""
 
 import math
 
@@ -162,3 +163,131 @@ def test_rope_tables_equal_apply_rope_bit_for_bit(dtype):
     cos_full, sin_signed = rope_tables(pos, 16, dtype=dtype)
     assert torch.equal(apply_rope_tables(x, cos_full[:, None], sin_signed[:, None]),
                        apply_rope(x, cos[:, None], sin[:, None]))
+
+
+# ---- the short path (absorbed form for short sequences) against the long path ----
+
+def make_random(branches, dtype=torch.float32, seed=0):
+    """An MLRA layer whose every weight is random (biases, norm weights, output projection), so a
+    weight folded into the wrong place shows."""
+    torch.manual_seed(seed)
+    m = MLRAttention(D, H, branches=branches, bias=True).to(dtype)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        for norm in (m.q_norm, *m.kv_norms):                          # distinct per latent head
+            norm.weight.uniform_(0.5, 1.5)
+    return m
+
+
+def padding_mask(b, n, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "none":
+        return None
+    lengths = torch.randint(1, n + 1, (b,), generator=g)
+    pos = torch.arange(n)
+    if kind == "right":
+        return (pos[None] < lengths[:, None]).long()
+    if kind == "left":
+        return (pos[None] >= n - lengths[:, None]).long()
+    mask = (torch.rand(b, n, generator=g) > 0.4).long()             # holes anywhere
+    mask[:, 0] = 1
+    return mask
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 40])
+@pytest.mark.parametrize("batch,mask_kind", [(1, "none"), (3, "none"), (3, "right"), (2, "left"), (3, "holes")])
+def test_short_path_equals_long_path_forward_and_gradients(branches, n, batch, mask_kind):
+    """Fresh random inputs below and above a threshold of 16 tokens (each path forced): the same
+    outputs and the same gradients for the input and every parameter, to fp32 rounding."""
+    m = make_random(branches, seed=n)
+    m.short_max_tokens = 16
+    seed = 100 * n + batch
+    x = torch.randn(batch, n, D, generator=torch.Generator().manual_seed(seed))
+    mask = padding_mask(batch, n, mask_kind, seed)
+    weight = torch.randn(batch, n, D, generator=torch.Generator().manual_seed(seed + 1))
+    results = []
+    for path in (m._forward_short, m._forward_long):
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = path(xi, mask)
+        (out * weight).sum().backward()
+        results.append((out.detach(), xi.grad, {k: p.grad.clone() for k, p in m.named_parameters()}))
+    (short, gx_s, gp_s), (long, gx_l, gp_l) = results
+    assert long.abs().max() > 0.1                                     # not a vacuous comparison
+    assert_close_fp32(short, long, "output")
+    assert_close_fp32(gx_s, gx_l, "input gradient")
+    # a gradient that is 0 in exact arithmetic (the query's, with one key to attend to) is rounding
+    # noise on both paths: compare it against the size of the layer's gradients, not its own
+    floor = 2e-5 * max(g.norm().item() for g in gp_l.values())
+    for name in gp_l:
+        assert_close_fp32(gp_s[name], gp_l[name], f"gradient of {name}", floor=floor)
+
+
+def assert_close_fp32(got, want, what, tol=2e-5, floor=0.0):
+    """L2 error within fp32 rounding of a reassociated computation: below ``tol`` relative to want's
+    norm, plus ``floor``. A wrong fold or mask gives relative errors of order 1."""
+    diff, ref = (got.double() - want.double()).norm().item(), want.double().norm().item()
+    assert diff <= tol * ref + floor, f"{what}: L2 error {diff:.2e} against norm {ref:.2e}"
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_short_path_with_positions_and_without_causality(branches):
+    m = make_random(branches, torch.float64)
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    pos = torch.tensor([0, 0, 0, 0, 1, 2, 3, 4, 5])
+    mask = torch.tensor([[0] * 3 + [1] * 6, [1] * 9])
+    torch.testing.assert_close(m._forward_short(x, mask, pos), m._forward_long(x, mask, pos), rtol=1e-10, atol=1e-10)
+    m.causal = False
+    for mk in (None, mask):
+        torch.testing.assert_close(m._forward_short(x, mk), m._forward_long(x, mk), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_short_path_dispatch(branches, monkeypatch):
+    """forward takes the short path up to short_max_tokens tokens without a cache, else the long one."""
+    from mediagen.text.attention import mlra
+
+    m = make(branches)
+    assert m.short_max_tokens == mlra.SHORT_MAX_TOKENS >= 512
+    calls = []
+    monkeypatch.setattr(m, "_forward_short", lambda *a, **k: calls.append("short"))
+    monkeypatch.setattr(m, "_forward_long", lambda *a, **k: calls.append("long"))
+    m.short_max_tokens = 8
+    m(torch.randn(1, 8, D, dtype=torch.float64))
+    m(torch.randn(1, 9, D, dtype=torch.float64))
+    m(torch.randn(1, 4, D, dtype=torch.float64), cache=m.new_cache(1, 8))     # prefill into a cache
+    m.short_max_tokens = 0
+    m(torch.randn(1, 1, D, dtype=torch.float64))
+    assert calls == ["short", "long", "long", "long"]
+    with pytest.raises(ValueError, match="short_max_tokens=-1"):
+        MLRAttention(D, H, branches=branches, short_max_tokens=-1)
+
+
+def test_short_path_follows_parameter_changes():
+    """The short path's folded weights are cached for inference; an in-place update, a cast or a
+    change of a norm weight must reach the next call."""
+    m = make_random(2, torch.float64)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    with torch.no_grad():
+        before = m(x)
+        m.kv_norms[3].weight.mul_(2.0)
+        m.q_up.bias.add_(0.5)
+        after = m(x)
+        assert not torch.allclose(before, after)
+        torch.testing.assert_close(after, m._forward_long(x), rtol=1e-10, atol=1e-10)
+        m.float()
+        torch.testing.assert_close(m(x.float()), m._forward_long(x.float()), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_short_path_in_bfloat16(branches):
+    m = make_random(branches, torch.bfloat16).eval()
+    x = torch.randn(2, 11, D).bfloat16()
+    mask = torch.tensor([[1] * 11, [1] * 6 + [0] * 5])
+    with torch.no_grad():
+        for mk in (None, mask):
+            short, long = m._forward_short(x, mk), m._forward_long(x, mk)
+            assert short.dtype == torch.bfloat16
+            assert_close_fp32(short, long, "bf16 output", tol=3e-2)

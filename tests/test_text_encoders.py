@@ -66,6 +66,26 @@ def test_padding_changes_no_real_token(attention, tokenizer):
     assert out.last_hidden_state.shape == (2, 40, 32) and out.attention_mask.shape == (2, 40)
 
 
+@pytest.mark.parametrize("attention", ["mlra2", "mlra4", "hla"])
+def test_short_paths_give_the_encoder_the_long_paths_result(attention):
+    """The whole encoder with every layer's short path and with none (short_max_tokens = 0), padded
+    prompts included, at one and at two HLA chunks; both paths run."""
+    model = tiny(attention)
+    for n in (3, 7):                                                  # hla_chunk=4: one chunk, two chunks
+        ids = torch.randint(1000, 2000, (3, n))
+        mask = (torch.arange(n)[None] < torch.tensor([[n], [n - 1], [1]])).long()
+        with torch.no_grad():
+            short = model(ids, attention_mask=mask).last_hidden_state
+            for layer in model.layers:
+                assert layer.attn.short_max_tokens >= n
+                layer.attn.short_max_tokens = 0
+            long = model(ids, attention_mask=mask).last_hidden_state
+            for layer in model.layers:
+                layer.attn.short_max_tokens = 2 * model.config.hla_chunk
+        torch.testing.assert_close(short, long, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(long[0], long[1], atol=1e-3)
+
+
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_no_mask_means_every_token_is_real(attention):
     """Without attention_mask the layers skip masking altogether; the result is the all-ones mask's, and

@@ -26,6 +26,12 @@ they always take the unfused path.
 The paper's regularisers (budget, effective support, binary) are left in ``self.aux_losses`` after a
 forward with ``return_aux=True`` (or in training mode); add ``aux_losses['total']`` to the loss.
 The output goes through a per-head RMSNorm and the output projection (no short convolution here).
+
+Sequences of at most ``short_max_tokens`` tokens (default two chunks) take a short path
+(``_forward_short``) that computes the same function in about twenty ops: GDN from the zero state
+written as one (N x N) lower-triangular system, and for a second chunk the gate as a per-token blend of
+the output with and without the first chunk's state. ``backend`` and ``readout`` choose the kernels of
+the long path only.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries,
 from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
 from ..kernels.hla.readout import hla_fused_forward
 from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
+from .derived import DerivedWeights, strictly_upper
 
 try:  # the fused input pass (importing it registers the custom op mediagen::hla_prepare)
     from ..kernels.hla.triton_prepare import hla_prepare
@@ -49,15 +56,34 @@ except ImportError:  # pragma: no cover - platform without triton
 
 READOUTS = ("auto", "torch", "triton")
 
+# The short path reads at most one past chunk: the second chunk's tokens blend the GDN output with and
+# without the first chunk's state by their gate, and a third chunk would need the walk's compositions.
+SHORT_MAX_CHUNKS = 2
+
 
 class HLAttention(nn.Module):
-    """HLA on hidden states (B, N, d); causal by construction (a recurrence)."""
+    """HLA on hidden states (B, N, d); causal by construction (a recurrence).
+
+    ``short_max_tokens``: sequences of at most this many tokens take the short path (``_forward_short``);
+    0 never takes it; at most ``SHORT_MAX_CHUNKS * chunk`` (the default, 512 tokens). At prompt lengths
+    the layer's time is the host's, issuing ops (on an H200 the whole encoder on the chunked path took
+    ~10 ms at 77 tokens and ~15 ms at 512, softmax attention's ~1.7 ms), and the short path issues a
+    fraction of them; its (N x N) matrices cost O(N^2) memory, small up to two chunks, while longer
+    sequences keep the chunked path, linear in memory and the one measured at 32K tokens."""
 
     def __init__(self, hidden: int, heads: int, *, head_dim: int | None = None, chunk: int = 256,
                  pool: int = 16, gate_bias: float = 2.2, top_k: int | None = None,
                  gate_threshold: float | None = None, route: str = "token", backend: str = "auto",
-                 readout: str = "auto", bias: bool = True, eps: float = 1e-6):
+                 readout: str = "auto", bias: bool = True, eps: float = 1e-6,
+                 short_max_tokens: int | None = None):
         super().__init__()
+        longest = SHORT_MAX_CHUNKS * chunk
+        short_max_tokens = longest if short_max_tokens is None else int(short_max_tokens)
+        if not 0 <= short_max_tokens <= longest:
+            raise ValueError(f"short_max_tokens={short_max_tokens} is not allowed: use 0 ... {longest} "
+                             f"({SHORT_MAX_CHUNKS} chunks of {chunk}: the short path reads one past chunk at most)")
+        self.short_max_tokens = short_max_tokens
+        self._short_weights = DerivedWeights(type(self)._build_short_weights)
         if backend not in ("auto", "torch", "fla"):
             raise ValueError(f"backend={backend!r} is not allowed: use 'auto', 'torch' or 'fla'")
         if readout not in READOUTS:
@@ -169,11 +195,30 @@ class HLAttention(nn.Module):
 
     def forward(self, x, attention_mask=None, return_aux: bool | None = None, gates_override=None):
         """x (B, N, d) -> (B, N, d). ``gates_override`` (B,H,nC,C,nC) replaces the learned gates
-        (tests use it to check that gates of 1 give GDN)."""
+        (tests use it to check that gates of 1 give GDN). Short sequences take ``_forward_short``
+        (``takes_short_path`` says when), the others ``_forward_long``: the same function."""
+        need_aux = bool(return_aux or (return_aux is None and self.training))
+        if gates_override is None and self.takes_short_path(x.shape[1], need_aux):
+            return self._forward_short(x, attention_mask, need_aux)
+        return self._forward_long(x, attention_mask, need_aux, gates_override)
+
+    def takes_short_path(self, n: int, need_aux: bool = False) -> bool:
+        """Whether ``forward`` runs n tokens through ``_forward_short``: n up to ``short_max_tokens``,
+        except where the long path does what the short one does not: a gate threshold (it may drop the
+        past chunk), token-routed top_k below 1 (drops it), and the regularisers of two chunks."""
+        if n > min(self.short_max_tokens, SHORT_MAX_CHUNKS * self.chunk):
+            return False
+        if n > self.chunk and (need_aux or self.gate_threshold is not None
+                               or (self.top_k is not None and self.top_k < 1 and self.route == "token")):
+            return False
+        return True
+
+    def _forward_long(self, x, attention_mask=None, need_aux: bool = False, gates_override=None):
+        """The chunked path: chunk summaries, then gates and the walk over past chunks (or the fused
+        readout on a GPU for inference)."""
         backend = self._resolve_backend(x)
         n = x.shape[1]
         chunk = self.chunk_for(n) if gates_override is None else self.chunk
-        need_aux = bool(return_aux or (return_aux is None and self.training))
         fused = gates_override is None and n > chunk and self._fused_readout(x, need_aux)
         if fused and attention_mask is None and self.pool <= 128:  # the fused input pass, then the readout
             qp, kp, v_pad, q_route, bp, lap, reps = hla_prepare(
@@ -227,6 +272,94 @@ class HLAttention(nn.Module):
         else:
             self.aux_losses = {}
         return self.out_proj(self.out_norm(o).flatten(-2))
+
+    def _forward_short(self, x, attention_mask=None, need_aux: bool = False):
+        """HLA of up to two chunks (n <= 2 C) in closed form, in a few batched ops.
+
+        GDN from the zero state over tokens 0..n-1 is o = scale * P (I + L)^-1 diag(beta) V with
+        decay(t, s) = exp(G_t - G_s), G the cumulative log alpha, P_ts = q_t.k_s decay(t, s) for s <= t and
+        L_ts = beta_t k_t.k_s decay(t, s) for s < t (the chunk summaries' system, for the whole sequence).
+        One chunk (n <= C) is exactly that. With two, a token t of the second chunk reads the first
+        chunk's end state b_0 through its gate g_t: o_t = o^in_t + g_t r_t^T b_0, where o^in is GDN of
+        the second chunk alone from the zero state; and GDN over everything is o^in_t + r_t^T b_0, so
+        o_t = lerp(o^in_t, o^full_t, g_t). o^in comes from the trailing (n - C) block of the same P and
+        L, whose decays are the second chunk's own. The gates are the router's, for the first
+        chunk's buckets only (``_short_gates``).
+
+        Padding (attention_mask 0) makes a token an identity step: beta = 0 (its row of L and of
+        diag(beta) V are 0, so its u is 0 and its key and value reach nobody) and log alpha = 0; its
+        key is also zeroed where the router reads it. scale = d^-1/2 is not applied to o: the output
+        RMSNorm takes eps / scale^2 instead, which gives the same result. Half-precision layers
+        compute between the projections in fp32 (the triangular solve needs it)."""
+        b, n, _ = x.shape
+        h, d, c = self.heads, self.head_dim, self.chunk
+        if n > SHORT_MAX_CHUNKS * c:
+            raise ValueError(f"n={n} tokens is not allowed on the short path: at most {SHORT_MAX_CHUNKS} chunks of {c}")
+        inner = h * d
+        w = self._short_weights.get(self)
+        compute = w["route"].dtype                                     # fp32 for half-precision layers
+        proj = F.linear(x, w["proj"], w["bias"]).to(compute)         # [q | k | v | beta | decay] pre-activations
+        qk = F.normalize(proj[..., :2 * inner].unflatten(-1, (2, h, d)), dim=-1)                 # (B, N, 2, H, D)
+        # [q; k] stacked along the tokens per head, so that both Gram blocks come out of one product as
+        # (B, H, 2, N, N) and each block is a plain batch of matrices (no copy before the next product)
+        qk = qk.permute(0, 3, 2, 1, 4).reshape(b, h, 2 * n, d)
+        q, k = qk[:, :, :n], qk[:, :, n:]
+        v = proj[..., 2 * inner:3 * inner].unflatten(-1, (h, d)).transpose(1, 2)                 # (B, H, N, D)
+        beta = torch.sigmoid(proj[..., 3 * inner:3 * inner + h])
+        log_alpha = F.softplus(proj[..., 3 * inner + h:]) * w["neg_a"]     # dt_bias is in the projection bias
+        if attention_mask is not None:
+            m = attention_mask.to(compute)[..., None]
+            beta, log_alpha = beta * m, log_alpha * m
+        beta = beta.transpose(1, 2)[..., None]                                                    # (B, H, N, 1)
+        g = log_alpha.transpose(1, 2).cumsum(-1)                                                  # (B, H, N)
+        # masked before exp: above the diagonal G_t - G_s >= 0 could overflow, and inf * 0 poisons gradients
+        decay = (g[..., :, None] - g[..., None, :]).masked_fill_(strictly_upper(n, x.device), -math.inf).exp_()
+        s = (qk @ k.transpose(-1, -2)).unflatten(2, (2, n)) * decay[:, :, None]   # [q.k; k.k] * decay
+        p, lower = s[:, :, 0], s[:, :, 1] * beta            # solve_triangular reads below the diagonal only
+        rhs = v * beta
+        o = p @ torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+        if n > c:
+            gate = self._short_gates(q[:, :, c:], k[:, :, :c], attention_mask, w)                 # (B, H, n - C, 1)
+            u_in = torch.linalg.solve_triangular(lower[..., c:, c:], rhs[:, :, c:], upper=False, unitriangular=True)
+            o = torch.cat([o[:, :, :c], torch.lerp(p[..., c:, c:] @ u_in, o[:, :, c:], gate)], dim=2)
+        if need_aux:                              # one chunk: no token has a past chunk (two: the long path)
+            zero = o.new_zeros((), dtype=torch.float32)
+            self.aux_losses = {"budget": zero, "support": zero, "binary": zero, "total": zero}
+        else:
+            self.aux_losses = {}
+        eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(x.dtype).eps
+        o = F.rms_norm(o.transpose(1, 2).to(x.dtype), (d,), self.out_norm.weight, eps * d)  # eps / scale^2
+        return self.out_proj(o.flatten(-2))
+
+    def _short_gates(self, q, k, attention_mask, w):
+        """Gates (B, H, n - C, 1) of the second chunk's queries q (B, H, n - C, D) for the first chunk,
+        whose keys are k (B, H, C, D): ``chunk_gates`` of ``router_inputs`` with the routed query and the
+        representatives' output map folded into one (D x D) map per head, w["route"] = route_q pool_o^T
+        / sqrt(D), so the score of bucket p is (q w["route"]) . pooled_p, pooled_p being the mean of the
+        bucket's in-bucket attention (``bucket_representatives`` before pool_o)."""
+        if attention_mask is not None:
+            k = k * attention_mask[:, None, :k.shape[2], None].to(k.dtype)
+        pkv = (k @ w["pool_kv"]).unflatten(2, (-1, self.pool)).flatten(1, 2)   # (B, H nb, pool, 2D): [pk | pv]
+        pk, pv = pkv.split(self.head_dim, dim=-1)
+        pooled = F.scaled_dot_product_attention(pk, pk, pv).mean(-2).unflatten(1, (self.heads, -1))  # (B, H, nb, D)
+        score = torch.logsumexp((q @ w["route"]) @ pooled.transpose(-1, -2), dim=-1, keepdim=True)
+        return torch.sigmoid(score + (self.gate_bias - math.log(pooled.shape[2])))  # log-mean-exp + bias
+
+    def _build_short_weights(self) -> dict[str, torch.Tensor]:
+        """The short path's weights (differentiable in the parameters): "proj", "bias" the five
+        projections as one, with dt_bias as the decay rows' bias; and in the dtype the path computes in
+        (fp32 for half-precision layers) "neg_a" = -exp(A_log), "route" = route_q pool_o^T / sqrt(D)
+        (H, D, D) and "pool_kv" = [pool_k | pool_v] (H, D, 2D)."""
+        lins = (self.q_proj, self.k_proj, self.v_proj, self.beta_proj)
+        biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in lins]
+        dtype = self.q_proj.weight.dtype
+        compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        route_q, pool_o = self.route_q.to(compute), self.pool_o.to(compute)
+        return {"proj": torch.cat([lin.weight for lin in lins] + [self.decay_proj.weight]),
+                "bias": torch.cat(biases + [self.dt_bias.to(dtype)]),
+                "neg_a": -self.A_log.to(compute).exp(),
+                "route": route_q @ pool_o.transpose(-1, -2) / math.sqrt(self.head_dim),
+                "pool_kv": torch.cat([self.pool_k, self.pool_v], dim=-1).to(compute)}
 
     def forward_gdn(self, x, attention_mask=None):
         """The same layer as plain Gated DeltaNet (no gates), through the chunked GDN path."""

@@ -14,6 +14,11 @@ Cache per token and layer: the normalised latents c (d_c) and the rotated rope k
 d_c = 4 d_h and d_r = d_h / 2 that is 4.5 d_h values, as MLA. Decoding never expands the cache:
 the key up-projection is absorbed into the query (q~_l = W_uk_l^T q_nope, scored against c_l directly)
 and the value up-projection is applied after the latent-space weighted sum.
+
+Short sequences (up to ``short_max_tokens``, no cache) take the same absorbed form for the whole
+sequence (``_forward_short``): one softmax attention whose query heads are the (latent l, head) pairs
+and whose key and value heads are the 4 latent heads [c_l | rope(k_r)], so about a dozen ops instead
+of forty. In exact arithmetic it is the same function (only products are reassociated).
 """
 
 from __future__ import annotations
@@ -26,10 +31,18 @@ from torch import nn
 
 from ..kernels.latent_decode import decode_prepare, latent_decode
 from .cache import DecodeCache
+from .derived import DerivedWeights, arange_rope_tables
 from .masks import sdpa_mask
 from .rope import apply_rope_tables, rope_tables
 
 LATENT_HEADS = 4
+
+# Sequences of at most this many tokens take the short path (``MLRAttention.short_max_tokens``). At prompt
+# lengths the layer's time is the host's, issuing ops (on an H200 the whole MLRA encoder took the same
+# ~11 ms at 77 and at 512 tokens), so there the form with the fewest ops wins. From a few thousand tokens
+# on, the attention kernel's time dominates and the per-branch form, the one measured at 4K-32K tokens,
+# is kept. 1024 covers the prompt lengths (64, 77, 512) and leaves the measured long lengths as they were.
+SHORT_MAX_TOKENS = 1024
 
 
 class MLRAttention(nn.Module):
@@ -40,14 +53,19 @@ class MLRAttention(nn.Module):
         head_dim: d_h (default d / H), the no-rope query/key width and the value width.
         kv_latent: d_c (default 4 d_h); q_latent: d_q (default d); rope_dim: d_r (default d_h / 2).
         bias: biases on the query up-projection and the output projection (to take BERT weights).
+        short_max_tokens: sequences of at most this many tokens, without a cache, take the short path
+            (``_forward_short``); 0 never takes it. Default ``SHORT_MAX_TOKENS`` (its comment says why).
     """
 
     def __init__(self, hidden: int, heads: int, *, branches: int = 4, head_dim: int | None = None,
                  kv_latent: int | None = None, q_latent: int | None = None, rope_dim: int | None = None,
-                 rope_base: float = 10000.0, causal: bool = True, bias: bool = False, eps: float = 1e-6):
+                 rope_base: float = 10000.0, causal: bool = True, bias: bool = False, eps: float = 1e-6,
+                 short_max_tokens: int = SHORT_MAX_TOKENS):
         super().__init__()
         if branches not in (2, 4):
             raise ValueError(f"branches={branches} is not allowed: MLRA has 2 or 4 branches")
+        if short_max_tokens < 0:
+            raise ValueError(f"short_max_tokens={short_max_tokens} is not allowed: use 0 (never) or more tokens")
         head_dim = head_dim or hidden // heads
         kv_latent = kv_latent or LATENT_HEADS * head_dim
         q_latent = q_latent or hidden
@@ -81,6 +99,8 @@ class MLRAttention(nn.Module):
         # "auto": triton on CUDA tensors, else torch
         self.decode_backend = "auto"
         self._absorbed = None  # (parameter versions, weights) of _absorbed_weights
+        self.short_max_tokens = int(short_max_tokens)
+        self._short_weights = DerivedWeights(type(self)._build_short_weights)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -131,10 +151,18 @@ class MLRAttention(nn.Module):
 
     def forward(self, x, attention_mask=None, positions=None, cache: DecodeCache | None = None):
         """x (B, N, d) -> (B, N, d). With ``cache`` the latents of x are appended (prefill) and, for a
-        single new token, attention runs in latent space (``decode_step``)."""
-        b, n, _ = x.shape
-        if cache is not None and n == 1:
+        single new token, attention runs in latent space (``decode_step``). Without a cache, up to
+        ``short_max_tokens`` tokens take ``_forward_short``, more ``_forward_long``: the same function."""
+        if cache is not None and x.shape[1] == 1:
             return self.decode_step(x, cache)
+        if cache is None and x.shape[1] <= self.short_max_tokens:
+            return self._forward_short(x, attention_mask, positions)
+        return self._forward_long(x, attention_mask, positions, cache)
+
+    def _forward_long(self, x, attention_mask=None, positions=None, cache: DecodeCache | None = None):
+        """Keys and values up-projected per branch and head, all branches in one SDPA call (stacked
+        along the batch); with ``cache`` the latents are appended first (prefill)."""
+        b, n, _ = x.shape
         start = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(start, start + n, device=x.device)
@@ -159,6 +187,81 @@ class MLRAttention(nn.Module):
         o = self._attend(q_all, k.flatten(0, 1), v.flatten(0, 1), mask, is_causal)
         o = o.unflatten(0, (nb, b)).sum(0) * self.branch_scale
         return self.out_proj(o.flatten(-2))
+
+    def _forward_short(self, x, attention_mask=None, positions=None):
+        """The absorbed form of the whole layer, for short sequences without a cache.
+
+        Score of head h in branch b: q_nope·(W_k c_l) + rope(q_r)·rope(k_r) = (W_k^T q_nope)·c_l + ..., so
+        each (latent l, head r) pair it serves is one query head [W_k^T q_nope | rope(q_r)] against the
+        key [c_l | rope(k_r)], shared by the pairs of latent l (grouped-query attention, 4 key heads).
+        The value is that key too: its first d_l columns are c_l, whose weighted sum the value
+        up-projection, the branch sum and the output projection turn into the output in one GEMM (the
+        rope columns' sums are dropped). The latent norms' weights and sqrt(4 d / d_c) move into the
+        query and output weights, and the query norm's weight and sqrt(d / d_q) into the query
+        up-projection (``_build_short_weights``), so both norms run without a weight. Rope is
+        x * cos + swap(x) * sin with swap(x) the half-swapped rows, which the projections output too.
+        Ops: one GEMM in, two norms, the query GEMM, four for rope, one concatenation, one SDPA, one
+        copy, one GEMM out."""
+        b, n, _ = x.shape
+        w = self._short_weights.get(self)
+        dq, dc, dr, dl = self.q_latent, self.kv_latent, self.rope_dim, self.latent_dim
+        hq = LATENT_HEADS * self.heads_per_latent
+        if positions is None:
+            cos, sin = arange_rope_tables(n, dr, self.rope_base, x.device, x.dtype, lead=dl)
+        else:
+            cos, sin = rope_tables(positions, dr, self.rope_base, dtype=x.dtype)
+            cos, sin = torch.cat([cos.new_ones(n, dl), cos], -1), torch.cat([sin.new_zeros(n, dl), sin], -1)
+        # cos = [1 (d_l) | cos_full], sin = [0 (d_l) | sin_signed]: leave c_l's columns as they are
+        h = F.linear(x, w["in"])                                       # [c_q | c | k_r | swap(k_r)]
+        k_rope = torch.addcmul(h[..., dq + dc:dq + dc + dr] * cos[:, dl:], h[..., dq + dc + dr:], sin[:, dl:])
+        c_q = F.rms_norm(h[..., :dq], (dq,), eps=self.q_norm.eps)
+        c = F.rms_norm(h[..., dq:dq + dc].unflatten(-1, (LATENT_HEADS, dl)), (dl,), eps=self.kv_norms[0].eps)
+        q = F.linear(c_q, w["q"], w["q_bias"]).unflatten(-1, (hq, dl + 2 * dr))   # [q~ | q_r | swap(q_r)]
+        # [q~ | rope(q_r)] = [q~ | q_r] * cos + [anything | swap(q_r)] * sin: sin is 0 on q~'s columns,
+        # so the slice that starts d_r columns in supplies swap(q_r) where it is needed and nothing else
+        q = torch.addcmul(q[..., :dl + dr] * cos[:, None], q[..., dr:], sin[:, None])
+        k = torch.cat([c, k_rope[:, :, None].expand(b, n, LATENT_HEADS, dr)], dim=-1)   # (B, N, 4, d_l + d_r)
+        mask, is_causal = sdpa_mask(attention_mask, n, self.causal, x.device)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        if mask is None:
+            o = F.scaled_dot_product_attention(q, k, k, is_causal=is_causal, scale=self.attn_scale, enable_gqa=True)
+        else:  # flash takes no mask, and not every kernel that does takes grouped heads: repeat them
+            k = k.repeat_interleave(self.heads_per_latent, dim=1)
+            o = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.attn_scale)
+        o = o.transpose(1, 2)[..., :dl].reshape(b, n, hq * dl)
+        return F.linear(o, w["out"], self.out_proj.bias)
+
+    def _build_short_weights(self) -> dict[str, torch.Tensor]:
+        """The short path's weights (differentiable in the parameters). With head(l, r) the head that
+        row r of latent l serves and w_l = latent l's norm weight * sqrt(4 d / d_c):
+          "in":  [W_dq; W_dkv; swap rows of W_kr], one GEMM for c_q, the latents, k_r and swap(k_r);
+          "q":   per pair (l, r): rows w_l * (W_k[l, :, r, :] @ W_uq_nope[head]), W_uq_rope[head] and its
+                 swapped rows, all times the query norm's weight * sqrt(d / d_q) along d_q; "q_bias" alike;
+          "out": columns (l, r, :) = branch_scale * W_o[:, head] @ W_v[l, :, r, :]^T * w_l.
+        Products in fp32 (fp64 for fp64 weights), rounded once to the weights' dtype."""
+        dtype = self.kv_up.dtype
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        dh, dr, dc = self.head_dim, self.rope_dim, self.kv_latent
+        device = self.kv_up.device
+        swap = torch.cat([torch.arange(dr // 2, dr, device=device), torch.arange(dr // 2, device=device)])
+        heads = self._latent_rows(torch.arange(self.heads, device=device)[None])[0]        # (4, hp)
+        w_k, w_v = (t.to(acc) for t in self._up_weights())                                # (4, d_l, hp, d_h)
+        latent_w = torch.stack([norm.weight for norm in self.kv_norms]).to(acc) * self.kv_scale  # (4, d_l)
+        q_in = self.q_norm.weight.to(acc) * self.q_scale                                  # (d_q,)
+        w_uq = self.q_up.weight.to(acc).unflatten(0, (self.heads, dh + dr))[heads] * q_in  # (4, hp, d_h+d_r, d_q)
+        absorbed = torch.einsum("ldre,lreq->lrdq", w_k, w_uq[:, :, :dh]) * latent_w[:, None, :, None]
+        rope = w_uq[:, :, dh:]
+        w_q = torch.cat([absorbed, rope, rope[:, :, swap]], dim=2).flatten(0, 2)
+        q_bias = None
+        if self.q_up.bias is not None:
+            b_uq = self.q_up.bias.to(acc).unflatten(0, (self.heads, dh + dr))[heads]        # (4, hp, d_h + d_r)
+            b_abs = torch.einsum("ldre,lre->lrd", w_k, b_uq[:, :, :dh]) * latent_w[:, None, :]
+            q_bias = torch.cat([b_abs, b_uq[:, :, dh:], b_uq[:, :, dh:][:, :, swap]], dim=2).flatten().to(dtype)
+        w_o = self.out_proj.weight.to(acc).unflatten(1, (self.heads, dh))[:, heads]       # (d, 4, hp, d_h)
+        out = torch.einsum("clre,ldre->clrd", w_o, w_v) * (latent_w[None, :, None, :] * self.branch_scale)
+        kv = self.kv_down.weight
+        return {"in": torch.cat([self.q_down.weight, kv, kv[dc:][swap]]), "q": w_q.to(dtype), "q_bias": q_bias,
+                "out": out.flatten(1).to(dtype)}
 
     def _attend(self, q, k, v, mask, is_causal):
         # scale is explicit because the rope dims are included. V is zero-padded to the q/k width:
