@@ -1,6 +1,8 @@
-"""``mhla``: picks the Triton kernels on CUDA tensors and the reference elsewhere.
+"""``mhla``: picks the Triton kernels on CUDA tensors and the whole-tensor PyTorch path elsewhere.
 
-Force a path with ``backend="triton"`` / ``"reference"`` or the environment variable
+``"blocked"`` (blocked.py) is the CPU path: a few batched ops over a padded block-major copy of the
+tokens. ``"reference"`` (naive.py) is the oracle every path is tested against: it visits the blocks
+one by one. Force a path with ``backend="triton"`` / ``"blocked"`` / ``"reference"`` or the environment variable
 MEDIAGEN_MHLA_BACKEND (the argument wins). With TRITON_INTERPRET=1 set before import, the Triton
 path runs on CPU tensors too (slowly), which is how the tests check the kernels without a GPU.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from .blocked import mhla_blocked
 from .checks import check_mhla_args
 from .naive import mhla_reference
 from .rotation import split_rope
@@ -18,7 +21,7 @@ try:  # triton ships with CUDA builds of torch on Linux; elsewhere only the refe
 except ImportError:  # pragma: no cover - platform without triton
     mhla_triton = None
 
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "triton", "blocked", "reference")
 
 
 def resolve_backend(backend, device) -> str:
@@ -26,7 +29,7 @@ def resolve_backend(backend, device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not allowed: use one of {BACKENDS}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" else "reference"
+        return "triton" if device.type == "cuda" else "blocked"
     return backend
 
 
@@ -42,9 +45,11 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
     """
     grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
     cos, sin = split_rope(rope, q)
-    if resolve_backend(backend, q.device) == "reference":
-        return mhla_reference(q, k, v, mix, grid, blocks, normalize=normalize, eps=eps,
-                              feature_map=feature_map, scale=scale, rope=rope)
+    path = resolve_backend(backend, q.device)
+    if path in ("blocked", "reference"):
+        torch_path = mhla_blocked if path == "blocked" else mhla_reference
+        return torch_path(q, k, v, mix, grid, blocks, normalize=normalize, eps=eps, feature_map=feature_map,
+                          scale=scale, rope=rope)
     if mhla_triton is None:
         raise ValueError("backend='triton' needs the triton package, which is not installed here")
     return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
