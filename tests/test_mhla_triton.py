@@ -7,6 +7,7 @@ shapes here are small; on a GPU the same tests run unchanged, plus real-size cas
 import contextlib
 import dataclasses
 import math
+import random
 import threading
 
 import pytest
@@ -14,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from mediagen.kernels import mhla, mhla_reference
+from mediagen.kernels import mhla, mhla_reference, token_block_ids
 from mediagen.kernels.mhla import kernel_settings, launch_settings, settings as launch_defaults, triton_op
 from mediagen.kernels.mhla.triton_common import first_column, hi_lo_columns
 from mediagen.kernels.mhla.triton_op import mhla_triton
+from mhla_oracle import mhla_dense
 
 ON_GPU = torch.cuda.is_available()
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -103,6 +105,148 @@ def test_half_precision(device, dtype, algorithm):
         assert rel_err(a, b) < TOL[dtype]
 
 
+# ---- gradients against the fp64 oracle over a random sweep --------------------------------------------------
+
+GRAD_TOL = 3e-2  # relative error of every gradient (rel_err: Frobenius norm over the whole tensor, fp64)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepCase:
+    grid: tuple
+    blocks: tuple
+    D: int
+    H: int
+    B: int
+    algorithm: str
+    splits: object  # None: the op's own choice
+    normalize: bool
+    per_head: bool
+    fmap: object  # None: q, k and v are all non-negative (|x|), the ill-conditioned case for dq and dMc
+    positive_v: bool
+    rope: bool
+    narrow_tiles: bool  # 16 output columns per program, so that the head dim spans several column tiles
+    seed: int
+
+
+def sweep_cases(count, seed, max_tokens, head_dims):
+    """``count`` random cases. In turn: 1D, 2D and 3D grids and the chunked, dense and auto forwards (every pair
+    within 9 cases); of every four cases, the first positive q, k, v with no feature map, the second a head dim
+    over several column tiles with normalize=True (every other time positive with no feature map too), the
+    third a feature map, the fourth positive with one block and normalize=True. The rest is random: grid,
+    ragged blocks, head dim, heads, batch, token splits, normalize, Mc per head, RoPE."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        axes, algorithm = 1 + i % 3, ("chunked", "dense", "auto")[(i + i // 3) % 3]
+        while True:
+            grid = tuple(rng.randint(8, max_tokens) if axes == 1 else rng.randint(1, 12) for _ in range(axes))
+            if 8 <= math.prod(grid) <= max_tokens:
+                break
+        one_block, narrow = i % 4 == 3, i % 4 == 1
+        blocks = tuple(1 if one_block else rng.randint(1, min(g, 5)) for g in grid)
+        D = rng.choice([d for d in head_dims if d > 16] if narrow else head_dims)
+        fmap = None if i % 4 in (0, 3) or i % 8 == 1 else rng.choice(["relu", "elu1"])
+        cases.append(SweepCase(grid, blocks, D, rng.choice([1, 2, 3, 5]), rng.choice([1, 2]), algorithm,
+                               rng.choice([None, None, 2]), one_block or narrow or rng.random() < 0.8,
+                               rng.random() < 0.3, fmap, fmap is None or rng.random() < 0.5,
+                               D % 2 == 0 and rng.random() < 0.25, narrow, rng.randrange(2**31)))
+    return cases
+
+
+# the cases where an fp64 check found bf16 dq errors of 4e-2 to 8e-2 (positive q, k, v, no feature map)
+REPORTED = [SweepCase(grid, blocks, D, H, B, algorithm, None, True, False, None, True, False, False, i)
+            for i, (grid, blocks, D, H, B, algorithm) in enumerate([
+                ((7, 10, 8), (4, 2, 6), 96, 5, 1, "chunked"), ((141,), (1,), 96, 2, 2, "auto"),
+                ((8, 3, 8), (3, 1, 2), 72, 5, 1, "dense"), ((7, 1, 14), (4, 1, 2), 16, 2, 2, "chunked")])]
+
+
+def sweep_gradient_errors(case, dtype, device):
+    """{name: (error, bound)} for o and the gradients of q, k, v and Mc against the fp64 oracle. Every error is
+    rel_err except dMc with one block and normalize=True: there dMc is exactly 0 in exact arithmetic (a common
+    scale of a row of Mc cancels), so its error is max |dMc| and its bound GRAD_TOL times the size of the terms
+    that cancel in it, R = sqrt(sum over b, t (and h, for a shared Mc) of (g_t . o_t)^2), with o the oracle's."""
+    gen = torch.Generator().manual_seed(case.seed)
+    N, M = math.prod(case.grid), math.prod(case.blocks)
+    shape = (case.B, N, case.H, case.D)
+    q, k, v, g = (torch.randn(shape, generator=gen) for _ in range(4))
+    if case.fmap is None:
+        q, k = q.abs(), k.abs()
+    if case.positive_v:
+        v = v.abs()
+    mix = torch.rand((case.H, M, M) if case.per_head else (M, M), generator=gen)
+    q, k, v, g = (t.to(device=device, dtype=dtype) for t in (q, k, v, g))
+    mix = mix.to(device)
+    tables = rope_tables(N, case.D, device) if case.rope else None
+    scale = None if case.normalize else 0.05
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    with column_tiles(16) if case.narrow_tiles else contextlib.nullcontext():
+        o = mhla_triton(*inputs, case.grid, case.blocks, normalize=case.normalize, feature_map=case.fmap,
+                        scale=scale, algorithm=case.algorithm, splits=case.splits, rope=tables)
+        r = mhla_dense(*refs, case.grid, case.blocks, normalize=case.normalize, feature_map=case.fmap,
+                       scale=scale, rope=tables)
+        grads = torch.autograd.grad(o, inputs, g)
+    want = torch.autograd.grad(r, refs, g.double())
+    errors = {"o": (rel_err(o, r), GRAD_TOL)}
+    for name, a, b in zip(("dq", "dk", "dv", "dMc"), grads, want):
+        errors[name] = (rel_err(a, b), GRAD_TOL)
+    if M == 1 and case.normalize:
+        terms = (g.double() * r.detach()).sum(-1)  # g_t . o_t, (B, N, H)
+        size = terms.pow(2).sum((0, 1)).sqrt() if case.per_head else terms.pow(2).sum().sqrt()
+        errors["dMc"] = ((grads[3].double().flatten() / size.flatten()).abs().max().item(), GRAD_TOL)
+    return errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gradients_match_fp64_in_a_random_sweep(device, dtype, one_thread):
+    """o and the gradients of q, k, v and Mc within GRAD_TOL of the fp64 dense oracle (sweep_gradient_errors
+    defines the errors) over random grids, blocks, head dims and options, many of them with positive q, k, v
+    (no feature map), where dq and dMc subtract nearly equal terms and magnify rounding.
+
+    On a GPU: bf16, fp16 and fp32 at head dims up to 256, and the cases where bf16 summaries once failed. On the
+    CPU the interpreter runs small cases: fp16 multiplies in fp16 there as on a GPU (its fp16 dot is exact
+    products summed in fp32), bf16 only stores in bf16 and multiplies fp32 copies (its bf16 dot is wrong), so
+    the CPU's bf16 cases check what the kernels store, and the GPU's what they multiply too."""
+    if ON_GPU:
+        cases = sweep_cases(12, 20260, 600, (16, 32, 72, 96, 128, 160, 256)) + REPORTED
+    else:
+        count = {torch.float32: 3, torch.float16: 5, torch.bfloat16: 4}[dtype]  # (~50 s in all on two cores)
+        cases = sweep_cases(count, 20260, 120, (16, 24, 32)) + REPORTED[-1:]
+    failures = []
+    for case in cases:
+        for name, (error, bound) in sweep_gradient_errors(case, dtype, device).items():
+            if not error < bound:
+                failures.append(f"{name} {error:.2e} > {bound:.0e}: {case}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not ON_GPU, reason="bf16 products run on a GPU only: the interpreter's bf16 dot is wrong"))])
+def test_query_grad_multiplies_fp32_summaries_in_two_parts(device, dtype):
+    """With half-precision products, query_grad takes the fp32 S~ as two parts in the input dtype (hi + lo). Here
+    S~ is z~ m^T plus 1%, the shape non-negative values give it: dq = (S~ g - z~ (g.o)) / den keeps only that 1%,
+    so S~ rounded once to the input dtype (2^-11 relative for fp16, 2^-8 for bf16) leaves dq 2e-2 off fp64 in
+    fp16 (about 8 times that in bf16); with the two parts the error is dq's own rounding (fp16: 2e-4). (One
+    column tile: o is not read.)"""
+    B, H, D, grid, blocks = 1, 2, 32, (6, 5), (2, 1)
+    N, M, eps = 30, 2, 1e-6
+    gen = torch.Generator().manual_seed(0)
+    q, g = torch.rand(B, N, H, D, generator=gen), torch.randn(B, N, H, D, generator=gen)
+    z, m = (torch.rand(B, H, M, D, generator=gen) + 0.5 for _ in range(2))
+    S = z[..., :, None] * m[..., None, :] + 1e-2 * torch.randn(B, H, M, D, D, generator=gen)  # S~[e, d]
+    mixed = torch.cat([S.flatten(-2), z], -1).to(device)
+    q, g = q.to(device=device, dtype=dtype), g.to(device=device, dtype=dtype)
+    order, offsets, _ = triton_op.block_token_lists(grid, blocks, device)
+    dq, _ = triton_op.launch_query_grad(q, g, torch.empty_like(q), mixed, order, offsets, M, 1, True, eps, 1.0, 0)
+    ids = token_block_ids(grid, blocks)
+    Si, zi = S.double()[:, :, ids], z.double()[:, :, ids]  # (B, H, N, D, D), (B, H, N, D)
+    qh, gh = (t.double().cpu().transpose(1, 2) for t in (q, g))
+    P = torch.einsum("bhnd,bhned->bhne", gh, Si)  # P_e = sum_d S~[e, d] g_d
+    den = (qh * zi).sum(-1) + eps
+    want = (P - ((qh * P).sum(-1) / den)[..., None] * zi) / den[..., None]
+    assert rel_err(dq.cpu(), want.transpose(1, 2)) < 1e-2
+
+
 def test_dispatch_defaults(device):
     q, k, v = make(1, (4, 4), 2, 16, torch.float32, device, None)
     mix = torch.rand(4, 4, device=device)
@@ -113,15 +257,32 @@ def test_dispatch_defaults(device):
     assert torch.equal(auto, tri if device.type == "cuda" else ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_custom_op_registration(device, dtype):
+@pytest.mark.parametrize("dtype,keep", [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)])
+def test_custom_op_registration(device, dtype, keep):
     """Schema, fake implementation and autograd registration agree with the real kernels (the fake
-    block summaries have the real ones' dtype: bf16 for bf16 inputs)."""
+    block summaries have the real ones' dtype: fp32 when kept for a backward, bf16 for a bf16 forward that
+    nothing differentiates)."""
     q, k, v = make(1, (3, 4), 1, 16, dtype, device, "relu")
     mix = torch.rand(2, 2, device=device, requires_grad=True)
-    args = (q.requires_grad_(), k, v, mix, [3, 4], [1, 2], True, 1e-6, "relu", 1.0, "chunked", 1)
+    args = (q.requires_grad_(), k, v, mix, [3, 4], [1, 2], True, 1e-6, "relu", 1.0, "chunked", 1, None, None, keep)
     torch.library.opcheck(torch.ops.mediagen.mhla_fwd.default, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    sz = torch.ops.mediagen.mhla_fwd(*args)[1]
+    assert sz.dtype == (torch.float32 if keep or dtype == torch.float32 else torch.bfloat16)
+
+
+def test_summaries_kept_for_a_backward_are_fp32(device, monkeypatch):
+    """A bf16 forward keeps fp32 summaries when something will be differentiated (the backward's gradients
+    subtract nearly equal terms made of them) and stores bf16 ones when nothing is (half the bytes)."""
+    plans = {}
+    monkeypatch.setattr(triton_op, "_plans", plans)
+    grid, blocks = (4, 6), (2, 3)
+    q, k, v = make(1, grid, 2, 16, torch.bfloat16, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    with torch.no_grad():
+        mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="chunked")
+    mhla_triton(q, k, v, mix.requires_grad_(), grid, blocks, feature_map="relu", algorithm="chunked")
+    assert sorted(str(plan.sz_dtype) for plan in plans.values()) == ["torch.bfloat16", "torch.float32"]
 
 
 @triton.jit

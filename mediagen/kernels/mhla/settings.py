@@ -118,7 +118,8 @@ class MixSettings:
     """mix_kernel (triton_mix.py). Each program walks every P-th column tile of its row tile, P chosen for
     per_sm programs per SM in all; BX summary columns per tile, acc // BM (the padded block count) clamped
     to 64 .. 256 unless BX is given; BK blocks per step when K = M*J > 64 (up to 64, K is one step).
-    lowp: bf16 summaries multiplied in bf16 (Mc rounded to bf16). fp32: replaces fields for fp32 summaries."""
+    lowp: bf16 summaries (a bf16 forward that nothing differentiates) multiplied in bf16 (Mc rounded to bf16).
+    fp32: replaces fields for fp32 summaries with exact products (fp32 inputs)."""
 
     acc: int
     BK: int

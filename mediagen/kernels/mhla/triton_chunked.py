@@ -40,8 +40,10 @@ by ids loaded from that list; with PREFETCH the ids of the next step are loaded 
 does not start with a dependent round trip (ids, then rows). On the H200 it pays in summary and query_grad
 and not in apply and key_grad (the ``prefetch`` launch setting, settings.py; benchmarks/RESULTS.md, kernel
 launch settings).
-The summaries are stored in bf16 for bf16 inputs (their products already round to bf16) and fp32
-otherwise (fp16's range is too small for sums over a block).
+The forward's summaries (S, z and the mixed S~, z~) are stored in fp32 for every input dtype; the backward's
+dS~ and dS in bf16 for bf16 inputs (triton_op.summary_dtype, grad_summary_dtype say why). With LOWP,
+query_grad multiplies an fp32 S~ as two parts in the input dtype (hi + lo), since dq subtracts two nearly
+equal terms made of it.
 """
 
 import triton
@@ -201,7 +203,13 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
     else:
         dt = tl.float32
     summ = SZM + (bh.to(tl.int64) * M + i) * X
-    S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0).to(dt)
+    S_rows = tl.load(summ + e[:, None] * D + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0)
+    if LOWP and SZM.dtype.element_ty == tl.float32:
+        # S~ as two parts in the input dtype, hi + lo (~2^-16 relative for bf16): dq subtracts z~ (g.o) from
+        # S~ g, two nearly equal terms with non-negative v, so S~ rounded once to bf16 made dq errors of 4e-2
+        # to 8e-2 against fp64; the second product costs one more dot per step
+        S_lo = (S_rows - S_rows.to(dt).to(tl.float32)).to(dt)
+    S_rows = S_rows.to(dt)
     z = tl.load(summ + D * D + d, mask=dmask, other=0.0).to(tl.float32)
     z_e = tl.load(summ + D * D + e, mask=emask, other=0.0).to(tl.float32)
     accS = tl.zeros((BD, TILE), dtype=tl.float32)
@@ -237,6 +245,8 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
             qn = rotate(qf, c, s, BT, BD, False)
         # w.r.t. the numerator's (rotated) features, columns e
         P = _dot(g.to(dt), tl.trans(S_rows), IEEE)
+        if LOWP and SZM.dtype.element_ty == tl.float32:
+            P = tl.dot(g.to(dt), tl.trans(S_lo), P)
         if NORMALIZE:
             inv = 1.0 / (tl.sum(qf * z[None, :], axis=1) + eps)
             if TILE == BD:

@@ -2,7 +2,8 @@
 
 mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~ = Mc S, or Mc^T dS~)
                   J token splits of a block are summed by the same product. src and out may be bf16
-                  (the forward's summaries for bf16 inputs); the product is fp32 (tf32 unless IEEE), or with
+                  (the summaries of a bf16 forward that nothing differentiates, triton_op.summary_dtype; fp32
+                  otherwise); the product is fp32 (tf32 unless IEEE), or with
                   LOWP (the ``lowp`` launch setting, on by default) bf16 x bf16 for bf16 summaries, Mc rounded
                   to bf16: 11.0 vs 27.3 us at Wan 480p on the H200 (benchmarks/RESULTS.md, kernel launch
                   settings).
@@ -96,7 +97,7 @@ def mix_grad_kernel(L, R, PART, M, X: tl.constexpr, NT, XT,
         xmask = xx < x_end
         lt = tl.load(lbase + i[:, None].to(tl.int64) * X + xx[None, :], mask=imask[:, None] & xmask[None, :], other=0.0)
         rt = tl.load(rbase + j[:, None].to(tl.int64) * X + xx[None, :], mask=jmask[:, None] & xmask[None, :], other=0.0)
-        lt = lt.to(tl.float32)  # both sides bf16 for bf16 inputs (summary_dtype)
+        lt = lt.to(tl.float32)  # (the op passes fp32 summaries; other callers may pass bf16)
         rt = rt.to(tl.float32)
         if IEEE:
             acc += tl.dot(lt, tl.trans(rt), input_precision="ieee")

@@ -71,18 +71,24 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def summary_dtype(dtype):
-    """Storage dtype of the per-block summaries: bf16 for bf16 inputs (the kernels' products round
-    them to bf16 anyway), fp32 for fp32 and fp16 (whose range is too small for sums over a block)."""
-    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+def summary_dtype(dtype, for_backward=True):
+    """Storage dtype of the per-block summaries: S, z, the mixed S~, z~, and the backward's dS~, dz~, dS, dz.
+    fp32 whenever a backward uses them. The gradients subtract nearly equal terms made of them (dq: S~ g and
+    z~ (g.o); dMc: <dS~, S> and <dz~, z>; with non-negative v, S~ is close to z~ times the block's mean value),
+    so their rounding comes back magnified: stored in bf16 they made dq errors of 4e-2 to 8e-2 and dMc errors
+    over 3e-2 against fp64 with positive q, k and v. A bf16 forward that nothing differentiates
+    (``for_backward=False``) stores bf16, half the bytes: the apply rounds S~ to bf16 for its products anyway.
+    fp16 inputs store fp32 either way (fp16's range is too small for sums over a block)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and not for_backward else torch.float32
 
 
 def _lowp(name: str, dtype, settings=None) -> bool:
-    """Whether kernel ``name`` multiplies half-precision inputs in their own dtype (never fp32, nor in
-    the CPU interpreter, whose half-precision dot is wrong). ``settings``: the table to read (default: the
-    settings in force)."""
+    """Whether kernel ``name`` multiplies half-precision inputs in their own dtype (never fp32, nor bf16 in
+    the CPU interpreter, whose bf16 dot is wrong; its fp16 dot is exact products summed in fp32, as on the
+    GPU). ``settings``: the table to read (default: the settings in force)."""
     c = kernel_settings(name) if settings is None else settings[name]
-    return getattr(c, "lowp", False) and dtype != torch.float32 and not _interpreting()
+    return (getattr(c, "lowp", False) and dtype != torch.float32
+            and not (dtype == torch.bfloat16 and _interpreting()))
 
 
 def _prefetch(name: str) -> bool:
@@ -130,12 +136,13 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
     return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
 
-def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False) -> str:
+def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True) -> str:
     """Cost model in seconds on an H200-class GPU: bytes at ~3 TB/s, dense dot work at ~150 TFLOP/s,
     ~5 us per launch (chunked runs summary, mix and apply). With rope the dense kernel does a
-    third dot (the un-rotated scores) and both read the angle tables."""
+    third dot (the un-rotated scores) and both read the angle tables. ``for_backward``: the summaries are kept
+    for a backward (``summary_dtype``)."""
     es = 4 if dtype == torch.float32 else 2
-    ss = summary_dtype(dtype).itemsize
+    ss = summary_dtype(dtype, for_backward).itemsize
     BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
     chunked = (io + 4 * ss * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
@@ -300,9 +307,12 @@ def _mix_grad_launch(settings, shape, per_head, ieee) -> _MixGradLaunch:
     return _MixGradLaunch(products, (B, H, NT, M, M), None, total, out_shape)
 
 
-def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, eps, scale, fcode) -> _Launch:
+def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, eps, scale, fcode,
+                  fp32_out=False) -> _Launch:
+    """``fp32_out``: o in fp32 from fp32 products of fp32 copies (tf32 on the GPU) whatever the input dtype,
+    with the fp32 tiles (for the backward, ``_query_grad_launch``)."""
     B, N, H, D = shape
-    fp32 = dtype == torch.float32
+    fp32 = dtype == torch.float32 or fp32_out
     rope = tstrides is not None
     BD, TILE, BT, warps, stages = _chunked_tiles(settings["apply"], D, rope and fp32, fp32=fp32)
     o_stride = _contiguous(shape)
@@ -311,9 +321,9 @@ def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, e
         (B * H, M * J, _cdiv(D, TILE)),
         (*_row_strides_of(q_stride, al), *_row_strides_of(o_stride, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D,
          D * D + D, eps, scale),
-        dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=fp32,
-             LOWP=_lowp("apply", dtype, settings), ROPE=rope, AL=al, PREFETCH=settings["apply"].prefetch,
-             num_warps=warps, num_stages=stages))
+        dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=dtype == torch.float32,
+             LOWP=_lowp("apply", dtype, settings) and not fp32_out, ROPE=rope, AL=al,
+             PREFETCH=settings["apply"].prefetch, num_warps=warps, num_stages=stages))
 
 
 def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode) -> _Launch:
@@ -334,21 +344,35 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
              num_stages=stages))
 
 
+class _QueryGradLaunch(NamedTuple):
+    main: _Launch
+    o_fp32: Optional[_Launch]  # an apply that makes o again in fp32 first, or None: the forward's o serves
+
+
 def _query_grad_launch(settings, shape, dtype, q_stride, g_stride, tstrides, M, J, normalize, eps, scale,
-                       fcode) -> _Launch:
+                       fcode) -> _QueryGradLaunch:
+    """When the head dim spans several column tiles, query_grad reads o for delta_t = g_t.o_t, the term that
+    cancels against S~ g in dq. A bf16 o rounds it by up to 2^-8 relative, which in an fp64 emulation of the
+    kernels' roundings came back as dq errors of 3e-2 to 5e-2 with positive inputs (an fp32 o made with tf32
+    products: 2e-3 to 5e-3). So for half-precision inputs an apply makes o again in fp32 first: one launch
+    more, at head dims over 128 only (one column tile up to 128)."""
     B, N, H, D = shape
     fp32 = dtype == torch.float32
     rope = tstrides is not None
     BD, TILE, BT, warps, stages = _chunked_tiles(settings["query_grad"], D, rope and fp32, fp32=fp32)
+    o_fp32 = None
+    if normalize and not fp32 and TILE < BD:
+        o_fp32 = _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, eps, scale, fcode,
+                               fp32_out=True)
     own = _contiguous(shape)  # o and dq
     al = _stride_unit_of(q_stride, g_stride, own)
-    return _Launch(
+    return _QueryGradLaunch(_Launch(
         (B * H, M * J, _cdiv(D, TILE)),
         (*_row_strides_of(q_stride, al), *_row_strides_of(g_stride, al), *_row_strides_of(own, al),
          *_row_strides_of(own, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D, D * D + D, eps, scale),
         dict(BD=BD, TILE=TILE, BT=BT, FEATURE=fcode, NORMALIZE=normalize, IEEE=fp32, ROPE=rope,
              LOWP=_lowp("query_grad", dtype, settings), AL=al, PREFETCH=settings["query_grad"].prefetch,
-             num_warps=warps, num_stages=stages))
+             num_warps=warps, num_stages=stages)), o_fp32)
 
 
 def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> _Launch:
@@ -369,9 +393,9 @@ def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J,
 
 # ---- launches: allocate the outputs, launch with a record ------------------------------------------------
 
-def _run_summary(launch, k, v, order, offsets, cos, sin):
+def _run_summary(launch, k, v, order, offsets, cos, sin, out_dtype):
     B, N, H, D = k.shape
-    sz = _empty((B, H, launch.grid[1], D * D + D), k.device, summary_dtype(k.dtype))  # (grid[1]: M * J)
+    sz = _empty((B, H, launch.grid[1], D * D + D), k.device, out_dtype)  # (grid[1]: M * J)
     summary_kernel[launch.grid](k, v, sz, order, offsets, k if cos is None else cos, k if sin is None else sin,
                                 *launch.scalars, **launch.consts)
     return sz
@@ -393,8 +417,8 @@ def _run_mix_grad(launch: _MixGradLaunch, dmixed, block_sz):
     return out
 
 
-def _run_apply(launch, q, mixed, order, offsets, cos, sin):
-    o = _empty(q.shape, q.device, q.dtype)
+def _run_apply(launch, q, mixed, order, offsets, cos, sin, out_dtype=None):
+    o = _empty(q.shape, q.device, q.dtype if out_dtype is None else out_dtype)
     apply_kernel[launch.grid](q, mixed, o, order, offsets, q if cos is None else cos, q if sin is None else sin,
                               *launch.scalars, **launch.consts)
     return o
@@ -407,12 +431,15 @@ def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
     return o
 
 
-def _run_query_grad(launch, q, g, o, mixed, order, offsets, cos, sin, M, J):
+def _run_query_grad(launch: _QueryGradLaunch, q, g, o, mixed, order, offsets, cos, sin, M, J):
     B, N, H, D = q.shape
+    if launch.o_fp32 is not None:
+        o = _run_apply(launch.o_fp32, q, mixed, order, offsets, cos, sin, torch.float32)
     dq = _empty(q.shape, q.device, q.dtype)
     dsz_part = _empty((B, H, M * J, D * D + D), q.device, summary_dtype(q.dtype))
-    query_grad_kernel[launch.grid](q, g, o, mixed, dq, dsz_part, order, offsets, q if cos is None else cos,
-                                   q if sin is None else sin, *launch.scalars, **launch.consts)
+    main = launch.main
+    query_grad_kernel[main.grid](q, g, o, mixed, dq, dsz_part, order, offsets, q if cos is None else cos,
+                                 q if sin is None else sin, *main.scalars, **main.consts)
     return dq, dsz_part
 
 
@@ -429,13 +456,15 @@ def _run_key_grad(launch, k, v, dsz, order, offsets, cos, sin):
 _launches: dict = {}
 
 
-def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None):
-    """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings)."""
+def launch_summary(k, v, order, offsets, M, J, fcode, cos=None, sin=None, largest=None, out_dtype=None):
+    """``largest``: the most tokens in one block, when known (it picks the ``one_step`` settings). ``out_dtype``:
+    the summaries' storage dtype, by default ``summary_dtype`` for a backward (fp32)."""
     settings, tstrides = current_settings(), _table_strides(cos, sin)
     key = ("summary", id(settings), k.shape, k.dtype, k.stride(), v.stride(), tstrides, M, J, fcode, largest)
     launch = _cached(_launches, key, lambda: (settings, _summary_launch(
         settings, k.shape, k.dtype, k.stride(), v.stride(), tstrides, M, J, fcode, largest)))[1]
-    return _run_summary(launch, k, v, order, offsets, cos, sin)
+    return _run_summary(launch, k, v, order, offsets, cos, sin,
+                        summary_dtype(k.dtype) if out_dtype is None else out_dtype)
 
 
 def launch_mix(mix, src, J, ieee, transpose=False, out_dtype=torch.float32, column_programs=None):
@@ -560,7 +589,7 @@ class _Plan:
     made with, so a backward launches with its forward's settings on whatever thread autograd runs it."""
 
     def __init__(self, settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-                 cos, sin):
+                 cos, sin, keep):
         B, N, H, D = shape = q.shape
         dtype, device = q.dtype, q.device
         M = math.prod(blocks)
@@ -568,8 +597,9 @@ class _Plan:
             largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
             splits = choose_splits(B, H, M, largest, D, device)
         if algorithm == "auto":
-            algorithm = choose_algorithm(B, N, H, D, M, splits, dtype, cos is not None)
+            algorithm = choose_algorithm(B, N, H, D, M, splits, dtype, cos is not None, keep)
         self.settings, self.algorithm, self.M, self.J = settings, algorithm, M, int(splits)
+        self.sz_dtype = summary_dtype(dtype, keep)  # the forward's summaries
         self.per_head = mix.dim() == 3
         self.ieee = dtype == torch.float32
         self.fcode = fcode = FEATURE_CODES[feature_map]
@@ -598,9 +628,8 @@ class _Plan:
         M, J, settings = self.M, self.J, self.settings
         self.summary = _summary_launch(settings, shape, dtype, self.k_stride, self.v_stride, self.tstrides, M, J,
                                        self.fcode, self.largest)
-        # the apply rounds S~ to the input dtype for its products, so S~ is stored as the summaries are
         self.mix = _mix_launch(settings, self.mix_shape, self.mix_stride, (B, H, M * J, D * D + D),
-                               summary_dtype(dtype), J, self.ieee, False, None, device)
+                               self.sz_dtype, J, self.ieee, False, None, device)
 
     def mix_operand(self, mix):
         return mix.float().contiguous() if self.mix_copy else mix
@@ -610,15 +639,13 @@ class _Plan:
         m = self.mix_operand(mix)
         if self.algorithm == "dense":
             return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin), None, None
-        sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin)
+        sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin, self.sz_dtype)
         mixed = _run_mix(*self.mix, m, sz, sz.dtype)
         o = _run_apply(self.apply, q, mixed, self.order, self.offsets, cos, sin)
         return o, sz, mixed
 
     def backward(self, g, q, k, v, mix, o, sz, mixed, cos, sin):
-        """The gradients of q, k, v and mix. The backward's own summaries (dS~ per query block, dS per key
-        block) are stored as the forward's are (``summary_dtype``): key_grad rounds dS to the input dtype
-        for its products anyway, and the sums that make dMc and dS run in fp32."""
+        """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``)."""
         g_stride = g.stride()
         bp = self.backward_plans.get(g_stride)
         if bp is None:
@@ -630,7 +657,7 @@ class _Plan:
         order, offsets = self.order, self.offsets
         m = self.mix_operand(mix)
         if sz is None:  # the dense forward kept no summaries
-            sz = _run_summary(bp.summary, k, v, order, offsets, cos, sin)
+            sz = _run_summary(bp.summary, k, v, order, offsets, cos, sin, torch.float32)
             mixed = _run_mix(*bp.mix, m, sz, sz.dtype)
         dq, dsz_part = _run_query_grad(bp.query_grad, q, g, o, mixed, order, offsets, cos, sin, M, J)
         # dS~ per query block (split parts summed in fp32)
@@ -653,12 +680,11 @@ class _BackwardPlan:
             self.summary = _summary_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
                                            fcode, plan.largest)
             self.mix = _mix_launch(settings, plan.mix_shape, plan.mix_stride, (B, H, M * J, D * D + D),
-                                   summary_dtype(dtype), J, plan.ieee, False, None, device)
+                                   torch.float32, J, plan.ieee, False, None, device)
         self.query_grad = _query_grad_launch(settings, shape, dtype, plan.q_stride, g_stride, tstrides, M, J,
                                              normalize, eps, scale, fcode)
-        dmixed_dtype = torch.float32 if J > 1 else summary_dtype(dtype)
         self.mix_transposed = _mix_launch(settings, plan.mix_shape, plan.mix_stride, (B, H, M, D * D + D),
-                                          dmixed_dtype, 1, plan.ieee, True, None, device)
+                                          torch.float32, 1, plan.ieee, True, None, device)
         self.mix_grad = _mix_grad_launch(settings, (B, H, M, D * D + D), plan.per_head, plan.ieee)
         self.key_grad = _key_grad_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
                                          fcode, plan.largest)
@@ -667,26 +693,33 @@ class _BackwardPlan:
 _plans: dict = {}
 
 
-def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin) -> _Plan:
+def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin,
+          keep) -> _Plan:
     """The plan for these arguments under the launch settings in force, made on first use. The key holds the
-    settings table's id; a plan keeps its table alive, so while a plan is cached no other table has that id."""
+    settings table's id; a plan keeps its table alive, so while a plan is cached no other table has that id.
+    ``keep``: the forward's summaries are kept for a backward."""
     settings = current_settings()
     key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
            mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-           _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None)
+           _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None, keep)
     plan = _plans.get(key)
     if plan is None:
         plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,
-                                                  scale, algorithm, splits, cos, sin))
+                                                  scale, algorithm, splits, cos, sin, keep))
     return plan
 
 
+def _needs_grad(q, k, v, mix) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or mix.requires_grad)
+
+
 def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-                 cos=None, sin=None):
+                 cos=None, sin=None, keep=True):
     """Returns (o, sz, mixed): the per-block (per-split) summaries and the mixed ones S~, z~, kept for the
-    backward; both empty after the dense algorithm, which keeps nothing."""
+    backward; both empty after the dense algorithm, which keeps nothing. ``keep``: a backward will use them
+    (their dtype, ``summary_dtype``)."""
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, eps, feature_map, scale, algorithm, splits,
-                 cos, sin)
+                 cos, sin, keep)
     o, sz, mixed = plan.forward(q, k, v, mix, cos, sin)
     if sz is None:
         return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
@@ -698,7 +731,7 @@ def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, f
     """The gradients of q, k, v and mix (``_Plan.backward``); empty ``sz`` after the dense forward."""
     dense = sz.numel() == 0
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, eps, feature_map, scale,
-                 "dense" if dense else "chunked", splits, cos, sin)
+                 "dense" if dense else "chunked", splits, cos, sin, True)
     return plan.backward(g, q, k, v, mix, o, None if dense else sz, None if dense else mixed, cos, sin)
 
 
@@ -724,18 +757,20 @@ class _MHLAFunction(torch.autograd.Function):
 @torch.library.custom_op("mediagen::mhla_fwd", mutates_args=())
 def mhla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor, grid: list[int],
              blocks: list[int], normalize: bool, eps: float, feature_map: str, scale: float, algorithm: str,
-             splits: int, cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None
+             splits: int, cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, keep: bool = True
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin)
+    return forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin,
+                        keep)
 
 
 @mhla_fwd.register_fake
-def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos=None, sin=None):
+def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos=None, sin=None,
+      keep=True):
     B, N, H, D = q.shape
     o = q.new_empty((B, N, H, D))
     if algorithm == "dense":
         return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
-    M, X, dtype = math.prod(blocks), D * D + D, summary_dtype(q.dtype)
+    M, X, dtype = math.prod(blocks), D * D + D, summary_dtype(q.dtype, keep)
     return o, q.new_empty((B, H, M * splits, X), dtype=dtype), q.new_empty((B, H, M, X), dtype=dtype)
 
 
@@ -756,7 +791,7 @@ def _(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, feature_map, 
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = inputs
+    q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = inputs[:14]
     o, sz, mixed = output
     ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
     ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
@@ -765,7 +800,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_o, grad_sz, grad_mixed):
     q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
     grads = torch.ops.mediagen.mhla_bwd(grad_o, q, k, v, mix, o, sz, mixed, *ctx.args, cos, sin)
-    return (*grads,) + (None,) * 10
+    return (*grads,) + (None,) * 11
 
 
 mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -783,11 +818,13 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
         if splits is None:
             largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
             splits = choose_splits(B, H, M, largest, D, q.device)
+        keep = _needs_grad(q, k, v, mix)
         if algorithm == "auto":
-            algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None)
+            algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None, keep)
         args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
-                1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin)
+                1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin, keep)
         return torch.ops.mediagen.mhla_fwd(q, k, v, mix, *args)[0]
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
-                 1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin)
+                 1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin,
+                 _needs_grad(q, k, v, mix))
     return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin)
