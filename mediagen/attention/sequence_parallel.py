@@ -12,8 +12,8 @@ the local blocks, with the collectives between its steps:
               dMc gets this rank's rows, dMc[i, b] = <dS~_i, S_b> for its query blocks i.
 
 What is sent per layer, X = D*D + D values per block and head:
-    forward   all-gather: each rank sends its B*H*(M/P)*X summaries in their storage dtype
-              (bf16 for bf16 inputs, fp32 otherwise) and receives the other ranks'.
+    forward   all-gather: each rank sends its B*H*(M/P)*X fp32 summaries (what the backward
+              reads is kept in fp32, as in the single-process op) and receives the other ranks'.
     backward  the B*H*M*X fp32 partial dS of every rank are summed: a reduce-scatter on NCCL
               (each rank keeps its M/P blocks); gloo has none, so there an all-reduce of all M.
 Both are independent of the number of tokens at a fixed block count; softmax attention spread over
@@ -106,7 +106,7 @@ class _SequenceParallelMHLA(torch.autograd.Function):
         ieee = q.dtype == torch.float32
         sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode, cos, sin)
         sz_all = _gather_blocks(sz_local, group)
-        # as in the single-process op: S~ is stored as the summaries are (bf16 for bf16 inputs)
+        # as in the single-process op: S~ is stored as the summaries are (fp32 for a backward)
         mixed = T.launch_mix(mix[..., rows, :], sz_all, 1, ieee, out_dtype=sz_all.dtype)
         o = T.launch_apply(q, mixed, order, offsets, m_local, 1, normalize, eps, scale, fcode, cos, sin)
         ctx.save_for_backward(q, k, v, mix, o, sz_all, mixed, order, offsets, cos, sin)
