@@ -238,3 +238,16 @@ def test_design_pointers_resolve():
             links += re.findall(r"\]\(#([\w-]+)\)", text)
         broken += [f"{path.relative_to(root)}: #{a}" for a in links if a not in anchors]
     assert not broken, f"pointers to sections docs/DESIGN.md does not have: {broken}"
+
+
+def test_kernels_use_no_collectives():
+    """The kernels run in one process: where their parts meet other processes' (sequence-parallel MHLA),
+    the collectives come from the attention layer through a hook (kernels/mhla/exchange.py)."""
+    found = []
+    for path in sorted((PACKAGE / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {n}" for n in names
+                      if n.startswith("torch.distributed")]
+    assert not found, found

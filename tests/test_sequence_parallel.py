@@ -149,3 +149,14 @@ def test_sequence_parallel_refuses_softmax_layers():
     model = convert(build_transformer("wan-tiny"), "mhla", blocks=(2, 2, 2), layers=[0])
     with pytest.raises(ValueError, match="MHLA in every self-attention layer; layers \\[1\\]"):
         _check(model, 2)
+
+
+def test_an_exchange_runs_the_chunked_steps_with_whole_block_summaries():
+    from mediagen.kernels.mhla.exchange import BlockExchange
+    from mediagen.kernels.mhla.triton_op import mhla_triton
+
+    q, mix = torch.zeros(1, 8, 1, 16), torch.eye(4)
+    with pytest.raises(ValueError, match="algorithm='dense' is not allowed with an exchange"):
+        mhla_triton(q, q, q, mix, (8,), (4,), algorithm="dense", exchange=BlockExchange())
+    with pytest.raises(ValueError, match="splits=2 is not allowed with an exchange: use None or 1"):
+        mhla_triton(q, q, q, mix, (8,), (4,), splits=2, exchange=BlockExchange())

@@ -2,8 +2,10 @@
 
 Each rank holds a slab of whole blocks along the first grid axis (frames for video): with
 blocks[0] = b_F divisible by the world size P, rank r owns block rows [r*b_F/P, (r+1)*b_F/P) and so
-the contiguous token range of those rows. One layer runs the single-process op's chunked kernels on
-the local blocks, with the collectives between its steps:
+the contiguous token range of those rows. One layer runs the single-process op's chunked steps on
+the local blocks (``mhla_triton`` with an exchange hook, kernels/mhla/exchange.py: one autograd
+function for both); this module is that hook, the collectives between the steps, and the slab
+bookkeeping:
 
     forward   summaries (S_b, z_b) of its M/P blocks -> all-gather (every rank: all M)
               -> mix its own query rows, S~_i = sum_b Mc[i, b] S_b -> outputs of its tokens
@@ -12,8 +14,9 @@ the local blocks, with the collectives between its steps:
               dMc gets this rank's rows, dMc[i, b] = <dS~_i, S_b> for its query blocks i.
 
 What is sent per layer, X = D*D + D values per block and head:
-    forward   all-gather: each rank sends its B*H*(M/P)*X fp32 summaries (what the backward
-              reads is kept in fp32, as in the single-process op) and receives the other ranks'.
+    forward   all-gather: each rank sends its B*H*(M/P)*X summaries and receives the other ranks'.
+              They are stored as the single-process op stores them (``summary_dtype``): fp32 when a
+              backward reads them, bf16 for a bf16 forward that nothing differentiates.
     backward  the B*H*M*X fp32 partial dS of every rank are summed: a reduce-scatter on NCCL
               (each rank keeps its M/P blocks); gloo has none, so there an all-reduce of all M.
 Both are independent of the number of tokens at a fixed block count; softmax attention spread over
@@ -37,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.mhla.checks import check_mhla_args
+from ..kernels.mhla.exchange import BlockExchange
 from ..kernels.mhla.layout import block_token_lists
 from ..kernels.mhla.rotation import split_rope
 
@@ -93,49 +97,18 @@ def _reduce_scatter_blocks(full: torch.Tensor, group) -> torch.Tensor:
     return full[:, :, rank * m_local:(rank + 1) * m_local].contiguous()
 
 
-class _SequenceParallelMHLA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, mix, cos, sin, order, offsets, group, normalize, eps, feature_map, scale):
-        from ..kernels.mhla import triton_op as T
+class _SummaryExchange(BlockExchange):
+    """The op's exchange hook (kernels/mhla/exchange.py) over the ranks of ``group``: this rank holds
+    the block rows [rank*M/P, (rank+1)*M/P) and its slab's token lists."""
 
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        M = mix.shape[-1]
-        m_local = M // world
-        rows = slice(rank * m_local, (rank + 1) * m_local)
-        fcode = T.FEATURE_CODES[feature_map]
-        ieee = q.dtype == torch.float32
-        sz_local = T.launch_summary(k, v, order, offsets, m_local, 1, fcode, cos, sin)
-        sz_all = _gather_blocks(sz_local, group)
-        # as in the single-process op: S~ is stored as the summaries are (fp32 for a backward)
-        mixed = T.launch_mix(mix[..., rows, :], sz_all, 1, ieee, out_dtype=sz_all.dtype)
-        o = T.launch_apply(q, mixed, order, offsets, m_local, 1, normalize, eps, scale, fcode, cos, sin)
-        ctx.save_for_backward(q, k, v, mix, o, sz_all, mixed, order, offsets, cos, sin)
-        ctx.args = (group, normalize, eps, fcode, scale, rows)
-        return o
+    def __init__(self, group, rows: slice, order: torch.Tensor, offsets: torch.Tensor):
+        self.group, self.rows, self.order, self.offsets = group, rows, order, offsets
 
-    @staticmethod
-    def backward(ctx, g):
-        from ..kernels.mhla import triton_op as T
+    def gather_summaries(self, sz: torch.Tensor) -> torch.Tensor:
+        return _gather_blocks(sz, self.group)
 
-        q, k, v, mix, o, sz_all, mixed, order, offsets, cos, sin = ctx.saved_tensors
-        group, normalize, eps, fcode, scale, rows = ctx.args
-        m_local = mixed.shape[2]
-        ieee = q.dtype == torch.float32
-        dq, dmixed = T.launch_query_grad(q, g.contiguous(), o, mixed, order, offsets, m_local, 1, normalize, eps,
-                                         scale, fcode, cos, sin)
-        mix_rows = mix[..., rows, :]
-        # dS_b = sum over this rank's query rows of Mc[i, b] dS~_i, in fp32: the ranks' parts are summed next
-        dsz_all = T.launch_mix(mix_rows, dmixed, 1, ieee, transpose=True, out_dtype=torch.float32)
-        dsz_local = _reduce_scatter_blocks(dsz_all, group)
-        dk, dv = T.launch_key_grad(k, v, dsz_local, order, offsets, m_local, 1, fcode, cos, sin)
-        # dMc[i, b] = <dS~_i, S_b> for this rank's rows only (the mix_grad kernel fills square Mc)
-        drows = torch.matmul(dmixed.float(), sz_all.float().transpose(-1, -2)).sum(0)  # (H, M/P, M)
-        dmix = torch.zeros(mix.shape, device=mix.device, dtype=torch.float32)
-        if mix.dim() == 3:
-            dmix[:, rows] = drows
-        else:
-            dmix[rows] = drows.sum(0)
-        return dq, dk, dv, dmix.to(mix.dtype), *(None,) * 9
+    def sum_summary_grads(self, dsz: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_blocks(dsz, self.group)
 
 
 def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=True, eps=1e-6, feature_map=None,
@@ -159,8 +132,13 @@ def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have one shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     cos, sin = split_rope(rope, q)  # rows numbered from ``first``, as the local order numbers the tokens
-    return _SequenceParallelMHLA.apply(q, k, v, mix, cos, sin, order, offsets, group, normalize, float(eps),
-                                       feature_map or "none", 1.0 if scale is None else float(scale))
+    from ..kernels.mhla.triton_op import mhla_triton
+
+    m_local = math.prod(blocks) // world
+    exchange = _SummaryExchange(group, slice(rank * m_local, (rank + 1) * m_local), order, offsets)
+    return mhla_triton(q, k, v, mix, tuple(grid), tuple(blocks), normalize=normalize, eps=eps,
+                       feature_map=feature_map, scale=scale, rope=None if cos is None else (cos, sin),
+                       exchange=exchange)
 
 
 def sum_gradients(module: torch.nn.Module, group=None) -> None:

@@ -10,6 +10,12 @@ long sequences) and "dense" (summaries recomputed on chip; short sequences); "au
 model. The backward always runs the chunked kernels (for dMc it needs the block summaries).
 ``cos``/``sin`` (N, D/2) angle tables turn on RoPE on the numerator's features (rotation.py).
 
+The chunked forward and the backward are one sequence of steps (``_Plan.forward`` / ``_Plan.backward``)
+for the single-process op and for sequence parallelism: given a ``BlockExchange`` (exchange.py), a process
+holding some of the blocks calls it where the processes' parts meet (the summaries after ``summary``, the
+partial dS after the transposed mix) and mixes only its rows of Mc. Without one, the launches are the
+single-process op's and nothing more.
+
 Launch plans. At small shapes (DiT-XL/2 at 256 px: 16 us of GPU work per forward) the host's time per call
 decides the speed, so everything a launch needs that follows from the call's shapes, strides, dtypes, options
 and launch settings (algorithm, token splits, tile sizes, grids, stride units, index tensors) is worked out
@@ -589,7 +595,7 @@ class _Plan:
     made with, so a backward launches with its forward's settings on whatever thread autograd runs it."""
 
     def __init__(self, settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-                 cos, sin, keep):
+                 cos, sin, keep, exchange=None):
         B, N, H, D = shape = q.shape
         dtype, device = q.dtype, q.device
         M = math.prod(blocks)
@@ -598,12 +604,23 @@ class _Plan:
             splits = choose_splits(B, H, M, largest, D, device)
         if algorithm == "auto":
             algorithm = choose_algorithm(B, N, H, D, M, splits, dtype, cos is not None, keep)
+        # M: the blocks this process holds, whose tokens q, k, v are (all of them without an exchange);
+        # M_all: the blocks of Mc, whose summaries the mix reads
+        self.M_all = M
+        if exchange is None:
+            self.rows = None
+            self.order, self.offsets, self.largest = block_token_lists(grid, blocks, device)
+        else:
+            self.rows = exchange.rows
+            self.order, self.offsets = exchange.order, exchange.offsets
+            M = self.rows.stop - self.rows.start
+            # the largest block of the grid bounds the held ones (it picks the one-step launch settings)
+            self.largest = block_token_lists(grid, blocks, torch.device("cpu"))[2]
         self.settings, self.algorithm, self.M, self.J = settings, algorithm, M, int(splits)
         self.sz_dtype = summary_dtype(dtype, keep)  # the forward's summaries
         self.per_head = mix.dim() == 3
         self.ieee = dtype == torch.float32
         self.fcode = fcode = FEATURE_CODES[feature_map]
-        self.order, self.offsets, self.largest = block_token_lists(grid, blocks, device)
         self.tstrides = tstrides = _table_strides(cos, sin)
         self.args = (shape, dtype, tstrides, normalize, eps, scale, fcode)
         self.k_stride, self.v_stride = k.stride(), v.stride()
@@ -613,6 +630,8 @@ class _Plan:
         self.mix_copy = mix.dtype != torch.float32 or (algorithm == "dense" and not contiguous)
         mix_stride = _contiguous(mix.shape) if self.mix_copy else mix.stride()
         self.mix_shape, self.mix_stride = mix.shape, mix_stride
+        # the mix kernels read the held rows of Mc (a view with Mc's strides): all of it without an exchange
+        self.rows_shape = mix.shape if exchange is None else (*mix.shape[:-2], M, self.M_all)
         self.backward_plans: dict = {}
         if algorithm == "dense":
             self.blk = _token_blocks_int32(grid, blocks, device)
@@ -628,24 +647,31 @@ class _Plan:
         M, J, settings = self.M, self.J, self.settings
         self.summary = _summary_launch(settings, shape, dtype, self.k_stride, self.v_stride, self.tstrides, M, J,
                                        self.fcode, self.largest)
-        self.mix = _mix_launch(settings, self.mix_shape, self.mix_stride, (B, H, M * J, D * D + D),
+        self.mix = _mix_launch(settings, self.rows_shape, self.mix_stride, (B, H, self.M_all * J, D * D + D),
                                self.sz_dtype, J, self.ieee, False, None, device)
 
     def mix_operand(self, mix):
-        return mix.float().contiguous() if self.mix_copy else mix
+        """Mc as the kernels read it; with an exchange, the held rows only."""
+        m = mix.float().contiguous() if self.mix_copy else mix
+        return m if self.rows is None else m[..., self.rows, :]
 
-    def forward(self, q, k, v, mix, cos, sin):
-        """(o, sz, mixed); sz and mixed are None after the dense algorithm, which keeps no summaries."""
+    def forward(self, q, k, v, mix, cos, sin, exchange=None):
+        """(o, sz, mixed); sz and mixed are None after the dense algorithm, which keeps no summaries.
+        ``exchange``: the ``BlockExchange`` this plan was made with, or None; sz is then all blocks'
+        summaries, gathered (exchange.py: the steps)."""
         m = self.mix_operand(mix)
         if self.algorithm == "dense":
             return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin), None, None
         sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin, self.sz_dtype)
+        if exchange is not None:
+            sz = exchange.gather_summaries(sz)
         mixed = _run_mix(*self.mix, m, sz, sz.dtype)
         o = _run_apply(self.apply, q, mixed, self.order, self.offsets, cos, sin)
         return o, sz, mixed
 
-    def backward(self, g, q, k, v, mix, o, sz, mixed, cos, sin):
-        """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``)."""
+    def backward(self, g, q, k, v, mix, o, sz, mixed, cos, sin, exchange=None):
+        """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``). ``exchange``: as
+        in ``forward``; dMc is then this process's share (its rows), which the processes' shares sum to."""
         g_stride = g.stride()
         bp = self.backward_plans.get(g_stride)
         if bp is None:
@@ -663,8 +689,12 @@ class _Plan:
         # dS~ per query block (split parts summed in fp32)
         dmixed = dsz_part.view(B, H, M, J, X).sum(3, dtype=torch.float32) if J > 1 else dsz_part
         dsz = _run_mix(*bp.mix_transposed, m, dmixed, dsz_part.dtype)  # dS_b = Mc^T dS~
-        block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
-        dmix = _run_mix_grad(bp.mix_grad, dmixed, block_sz)  # dMc_ib = <dS~_i, S_b>
+        if exchange is None:
+            block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
+            dmix = _run_mix_grad(bp.mix_grad, dmixed, block_sz)  # dMc_ib = <dS~_i, S_b>
+        else:  # (one split per block: the exchanged summaries are whole blocks')
+            dsz = exchange.sum_summary_grads(dsz)
+            dmix = _held_rows_mix_grad(dmixed, sz, mix.shape, self.rows)
         dk, dv = _run_key_grad(bp.key_grad, k, v, dsz, order, offsets, cos, sin)
         return dq, dk, dv, dmix if dmix.dtype == mix.dtype else dmix.to(mix.dtype)
 
@@ -679,33 +709,50 @@ class _BackwardPlan:
         if plan.algorithm == "dense":  # the summaries are made again here
             self.summary = _summary_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
                                            fcode, plan.largest)
-            self.mix = _mix_launch(settings, plan.mix_shape, plan.mix_stride, (B, H, M * J, D * D + D),
+            self.mix = _mix_launch(settings, plan.rows_shape, plan.mix_stride, (B, H, M * J, D * D + D),
                                    torch.float32, J, plan.ieee, False, None, device)
         self.query_grad = _query_grad_launch(settings, shape, dtype, plan.q_stride, g_stride, tstrides, M, J,
                                              normalize, eps, scale, fcode)
-        self.mix_transposed = _mix_launch(settings, plan.mix_shape, plan.mix_stride, (B, H, M, D * D + D),
+        self.mix_transposed = _mix_launch(settings, plan.rows_shape, plan.mix_stride, (B, H, M, D * D + D),
                                           torch.float32, 1, plan.ieee, True, None, device)
-        self.mix_grad = _mix_grad_launch(settings, (B, H, M, D * D + D), plan.per_head, plan.ieee)
+        self.mix_grad = (_mix_grad_launch(settings, (B, H, M, D * D + D), plan.per_head, plan.ieee)
+                         if plan.rows is None else None)
         self.key_grad = _key_grad_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
                                          fcode, plan.largest)
+
+
+def _held_rows_mix_grad(dmixed, sz, mix_shape, rows):
+    """dMc when a process holds the query blocks ``rows`` only: dMc[i, b] = <dS~_i, S_b> summed over batch
+    (and heads for a shared Mc) in those rows, zero in the others, so the processes' parts sum to the whole.
+    dmixed (B, H, held, X) and sz (B, H, M, X) are fp32; a matmul makes the slab (the mix_grad kernel fills
+    square Mc only)."""
+    held = torch.matmul(dmixed, sz.transpose(-1, -2)).sum(0)  # (H, held, M)
+    dmix = torch.zeros(mix_shape, device=dmixed.device, dtype=torch.float32)
+    if len(mix_shape) == 3:
+        dmix[:, rows] = held
+    else:
+        dmix[rows] = held.sum(0)
+    return dmix
 
 
 _plans: dict = {}
 
 
 def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin,
-          keep) -> _Plan:
+          keep, exchange=None) -> _Plan:
     """The plan for these arguments under the launch settings in force, made on first use. The key holds the
     settings table's id; a plan keeps its table alive, so while a plan is cached no other table has that id.
-    ``keep``: the forward's summaries are kept for a backward."""
+    ``keep``: the forward's summaries are kept for a backward. ``exchange``: a ``BlockExchange`` or None; its
+    held block range is part of the key (it decides the token lists the plan keeps)."""
     settings = current_settings()
     key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
            mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-           _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None, keep)
+           _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None, keep,
+           None if exchange is None else (exchange.rows.start, exchange.rows.stop))
     plan = _plans.get(key)
     if plan is None:
         plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,
-                                                  scale, algorithm, splits, cos, sin, keep))
+                                                  scale, algorithm, splits, cos, sin, keep, exchange))
     return plan
 
 
@@ -739,17 +786,17 @@ def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, f
 
 class _MHLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mix, plan, cos, sin):
-        o, sz, mixed = plan.forward(q, k, v, mix, cos, sin)
+    def forward(ctx, q, k, v, mix, plan, cos, sin, exchange):
+        o, sz, mixed = plan.forward(q, k, v, mix, cos, sin, exchange)
         ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
         # the backward may run on another thread (autograd's GPU workers): the plan holds the forward's settings
-        ctx.plan = plan
+        ctx.plan, ctx.exchange = plan, exchange
         return o
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
-        return (*ctx.plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin), None, None, None)
+        return (*ctx.plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin, ctx.exchange), None, None, None, None)
 
 
 # ---- torch.compile path: custom ops -------------------------------------------------------------
@@ -807,11 +854,26 @@ mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None,
-                algorithm="auto", splits=None, rope=None):
-    """Arguments already validated by ``mhla``. Returns o (B, N, H, D) in q's dtype."""
+                algorithm="auto", splits=None, rope=None, exchange=None):
+    """Arguments already validated by ``mhla``. Returns o (B, N, H, D) in q's dtype.
+
+    ``exchange``: None, or a ``BlockExchange`` (exchange.py) when this process holds only the blocks
+    ``exchange.rows`` of ``grid``: q, k, v (and the rope tables) are then those blocks' tokens, numbered as
+    ``exchange.order`` numbers them, and o is theirs. It runs the chunked steps with one split per block, the
+    summaries that travel being whole blocks' (more splits would multiply what is sent)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
     cos, sin = rope if rope is not None else (None, None)
+    if exchange is not None:
+        if algorithm == "dense":
+            raise ValueError("algorithm='dense' is not allowed with an exchange (the dense kernel keeps no block "
+                             "summaries to exchange): use 'auto' or 'chunked'")
+        if splits not in (None, 1):
+            raise ValueError(f"splits={splits} is not allowed with an exchange: use None or 1")
+        plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
+                     1.0 if scale is None else float(scale), "chunked", 1, cos, sin, _needs_grad(q, k, v, mix),
+                     exchange)
+        return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin, exchange)
     if torch.compiler.is_compiling():  # traced: no plan cache (the custom op's body makes its own plans)
         B, N, H, D = q.shape
         M = math.prod(blocks)
@@ -827,4 +889,4 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
                  1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin,
                  _needs_grad(q, k, v, mix))
-    return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin)
+    return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin, None)
