@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_mhla_args, feature
-from .layout import _block_lists_cpu
+from .layout import _block_lists_cpu, on_device
 from .rotation import rotate_pairs, split_rope
 
 
@@ -39,21 +39,6 @@ def _padded_index_cpu(grid: tuple[int, ...], blocks: tuple[int, ...]):
     return gather.reshape(-1), inverse, n_max
 
 
-_device_cache: dict = {}
-
-
-def padded_index(grid, blocks, device):
-    key = (grid, blocks, str(device))
-    hit = _device_cache.get(key)
-    if hit is None:
-        gather, inverse, n_max = _padded_index_cpu(grid, blocks)
-        hit = (gather.to(device), inverse.to(device), n_max)
-        if len(_device_cache) > 256:
-            _device_cache.clear()
-        _device_cache[key] = hit
-    return hit
-
-
 def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None,
                  rope=None):
     """MHLA with the arguments of ``mhla``; accumulation in fp32 (fp64 for fp64 inputs)."""
@@ -61,7 +46,7 @@ def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, featur
     cos, sin = split_rope(rope, q)
     B, N, H, D = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    gather, inverse, n_max = padded_index(grid, blocks, q.device)
+    gather, inverse, n_max = on_device(_padded_index_cpu, grid, blocks, q.device)
     M = gather.numel() // n_max
 
     def blocked(x):  # (B, N, H, E) -> (B, M, n_max, H, E), padding slots zero

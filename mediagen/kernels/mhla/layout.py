@@ -82,18 +82,23 @@ def _block_lists_cpu(grid: tuple[int, ...], blocks: tuple[int, ...]):
 _device_cache: dict = {}
 
 
+def on_device(build, grid, blocks, device):
+    """``build(grid, blocks)`` (a tuple of CPU index tensors and ints, lru-cached by the caller) with its
+    tensors moved to ``device``, cached per (build, grid, blocks, device) so repeated layers reuse one copy."""
+    key = (build, grid, blocks, str(device))
+    hit = _device_cache.get(key)
+    if hit is None:
+        hit = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in build(grid, blocks))
+        if len(_device_cache) > 256:
+            _device_cache.clear()
+        _device_cache[key] = hit
+    return hit
+
+
 def block_token_lists(grid, blocks, device):
     """Tokens sorted by block (int32 (N,)), block offsets into it (int32 (M+1,)), largest block size.
 
     Cached per (grid, blocks, device) so repeated layers reuse one small index array.
     """
     grid, blocks = check_grid_blocks(grid, blocks)
-    key = (grid, blocks, str(device))
-    hit = _device_cache.get(key)
-    if hit is None:
-        order, offsets, largest = _block_lists_cpu(grid, blocks)
-        hit = (order.to(device), offsets.to(device), largest)
-        if len(_device_cache) > 256:
-            _device_cache.clear()
-        _device_cache[key] = hit
-    return hit
+    return on_device(_block_lists_cpu, grid, blocks, device)
