@@ -251,3 +251,13 @@ def test_kernels_use_no_collectives():
             found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {n}" for n in names
                       if n.startswith("torch.distributed")]
     assert not found, found
+
+
+def test_feature_maps_have_one_source():
+    """The kernels own the feature-map names and their codes; a model spec offers those maps but None
+    (a model layer's q and k are not guaranteed positive)."""
+    from mediagen.kernels.mhla.checks import FEATURE_CODES, FEATURE_MAPS
+    from mediagen.models import attention_spec
+
+    assert set(attention_spec.FEATURE_MAPS) == set(FEATURE_MAPS) - {None}
+    assert FEATURE_CODES == {"none": 0, "relu": 1, "elu1": 2}  # the constexpr values the kernels branch on

@@ -10,6 +10,8 @@ import torch
 from .layout import check_grid_blocks
 
 FEATURE_MAPS = (None, "relu", "elu1")
+# The kernels' constexpr code of each feature map: its index in FEATURE_MAPS (None is "none").
+FEATURE_CODES = {name or "none": code for code, name in enumerate(FEATURE_MAPS)}
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 

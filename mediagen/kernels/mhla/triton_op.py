@@ -32,13 +32,13 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .checks import FEATURE_CODES
 from .layout import block_token_lists, token_block_ids
 from .settings import current_settings, kernel_settings
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
 from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
 
-FEATURE_CODES = {"none": 0, "relu": 1, "elu1": 2}
 ALGORITHMS = ("auto", "chunked", "dense")
 # Tests set this to fill every output buffer with NaN before the kernels run, so an element a
 # kernel forgets to write shows up.
