@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -40,6 +40,18 @@ mix)  # the block-mixing kernels: GPU tests, the sweep (column widths, programs 
   run mix_sweep 330 python3 -m benchmarks.sweep_mhla --mix
   run attention_wan 60 python3 -m benchmarks.attention --methods "mhla triton,sdpa cudnn" \
     --shapes "Wan2.1-1.3B 81f 480x832" --out "$out/attention.md"
+  ;;
+speed)  # the eager-speed targets: op host time, bf16 gradients against fp64, text encoders at prompt
+        # lengths (short paths against the long ones), the pipelines' runtimes, the op beside cuDNN at
+        # DiT-XL/2 256 px and Wan 480p (about 9 minutes)
+  run speed_tests 150 python3 -m pytest -q tests/test_mhla_triton.py tests/test_pipelines_runtime.py \
+    -k "random_sweep or two_parts or real_sizes or bf16_on_a_gpu or matches_eager"
+  run host_overhead 60 python3 -m benchmarks.mhla_host_overhead --calls 50 --repeats 7
+  run text_short 120 python3 -m benchmarks.text_encoders --only encode --lengths 77 512 32768 --batches 1 16 \
+    --iters 20 --attentions sdpa mlra2 mlra2-long mlra4 mlra4-long hla hla-long --graph --out "$out/encode.md"
+  run attention_speed 90 python3 -m benchmarks.attention --methods "mhla triton,sdpa cudnn" \
+    --shapes "DiT-XL/2 256,Wan2.1-1.3B 81f 480x832" --out "$out/attention.md"
+  run dit_speed 100 python3 -m benchmarks.dit_images --presets dit-xl-2-256 --modes eager,compile
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
