@@ -7,11 +7,14 @@
 #   bash benchmarks/video_gpu.sh finish OUT [ATTN..]  # stop, export the last common step, sample the
 #                                                    # 10 digits x 4 directions x 3 seeds grid, time sampling,
 #                                                    # pack the fp16 shipped folders into OUT (15 MB parts)
+#   bash benchmarks/video_gpu.sh gap STEP OUT        # while training: export every run's checkpoint STEP and
+#                                                    # print its caption-direction gap (benchmarks/time_reversal.py;
+#                                                    # above 0 once a model reads the caption's direction)
 # Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried.
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
 # COMPILE=true (or false) skips the throughput timing at start and trains with that setting.
-# start records EXTRA and EXTRA_<attention> in /tmp/runs/extra.sh; finish and fetch use them (the
+# start records EXTRA and EXTRA_<attention> in /tmp/runs/extra.sh; finish, gap and fetch use them (the
 # export has to build the model the run trained).
 set -u
 phase=$1
@@ -115,6 +118,16 @@ finish)
   first=${ATTNS%% *}
   tar -cf - -C $ship video-$first | split -b 15m - "$out/video-$first.tar.part-"
   ls -la "$out"
+  ;;
+gap)
+  step=$2
+  for a in $ATTNS; do
+    more="EXTRA_$a"
+    $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" \
+      --to $R/gap-$a > /dev/null 2>&1 || echo "$a: no checkpoint $step"
+  done
+  python3 -m benchmarks.time_reversal $(for a in $ATTNS; do [ -d $R/gap-$a ] && echo $R/gap-$a; done) --clips 1 \
+    --gap-clips 32 2>&1 | grep -E "gap|sigma"
   ;;
 fetch)
   tar -cf - -C $R/ship video-$2 | split -b 15m - "$3/video-$2.tar.part-"; ls -la "$3"
