@@ -9,7 +9,9 @@ The same math as ``naive.mhla_reference`` (the oracle, which visits blocks one b
 Tokens are gathered once into a padded (B, M, n_max, H, D) layout (block-major; a block smaller than
 the largest is filled with zero features, which add nothing to S and z and whose outputs are
 dropped), so every block is handled by one batched einsum instead of a Python loop with a gather per
-block and tensor. On a 2-core CPU the loop's gathers were a quarter of a DiT-MNIST forward.
+block and tensor: on a 2-core CPU, 0.9-1.0 ms against the loop's 2.0-2.6 ms at the DiT-MNIST shape (B 2,
+14x14 tokens, 3 heads of 64, blocks 3x3) and 8.5-10.7 against 11 ms at the video model's (B 2, 16x8x8,
+6 heads of 64, blocks 4x2x2).
 """
 
 from __future__ import annotations
