@@ -274,27 +274,48 @@ def test_wan_rope_tables_are_contiguous_fp32_angles(dtype):
         wan_rope_tables((cos[0], sin[0]))
 
 
-def test_temporal_cpe_is_a_shifted_sum_along_time_on_channels_first_copies():
-    """cpe_kernel=[3, 1, 1] adds w[-1] v[t-1] + w[0] v[t] + w[1] v[t+1] + b per channel (zero past the
-    ends), and the conv sees a contiguous channels-first tensor (cuDNN's fast depthwise layout)."""
-    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], cpe_kernel=[3, 1, 1], rope="features",
-                             grid=(3, 4, 6))
+@pytest.mark.parametrize("kernel", [[3, 1, 1], [1, 5, 1], [1, 1, 3], 1, [3, 3, 3], 3])
+def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel):
+    """The CPE adds, per channel, the depthwise conv of v over the token grid (zero past the ends)
+    plus a bias: one-axis kernels as a sum of shifted copies in the token layout, others through
+    the conv on a contiguous channels-first copy (cuDNN's fast depthwise layout). The oracle is
+    F.conv3d with the module's own weights on the channels-first grid."""
+    grid = (3, 4, 6)
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], cpe_kernel=kernel, rope="features", grid=grid)
     proc = model.blocks[0].attn1.processor
-    assert tuple(proc.cpe.kernel_size) == (3, 1, 1)
     with torch.no_grad():
         proc.cpe.weight.normal_()
         proc.cpe.bias.normal_()
     seen = []
     proc.cpe.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    C = proc.cpe.in_channels
+    v = torch.randn(2, 3 * 4 * 6, C, dtype=torch.float64)
+    proc.double()
+    got = proc._cpe(v, grid)
+    x = v.transpose(1, 2).reshape(2, C, *grid)
+    k = tuple(proc.cpe.kernel_size)
+    want = torch.nn.functional.conv3d(x, proc.cpe.weight, proc.cpe.bias, padding=tuple(a // 2 for a in k), groups=C)
+    torch.testing.assert_close(got, want.flatten(2).transpose(1, 2), rtol=1e-10, atol=1e-10)
+    axes_with_taps = sum(a > 1 for a in k)
+    assert seen == ([] if axes_with_taps <= 1 else [True])
+
+
+def test_temporal_cpe_is_a_shifted_sum_along_time():
+    """cpe_kernel=[3, 1, 1] adds w[-1] v[t-1] + w[0] v[t] + w[1] v[t+1] + b per channel."""
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], cpe_kernel=[3, 1, 1], rope="features",
+                             grid=(3, 4, 6))
+    proc = model.blocks[0].attn1.processor
+    with torch.no_grad():
+        proc.cpe.weight.normal_()
+        proc.cpe.bias.normal_()
     grid = (3, 4, 6)
     v = torch.randn(2, 3 * 4 * 6, proc.cpe.in_channels)
     got = proc._cpe(v, grid)
     x = v.reshape(2, *grid, -1)
     w, b = proc.cpe.weight[:, 0, :, 0, 0], proc.cpe.bias  # (C, 3), (C,)
-    pad = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 0, 1, 1))
-    want = (pad[:, :-2] * w[:, 0] + pad[:, 1:-1] * w[:, 1] + pad[:, 2:] * w[:, 2] + b).reshape(2, -1, x.shape[-1])
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert seen == [True]
+    want = torch.stack([x[:, t] * w[:, 1] + b + (x[:, t - 1] * w[:, 0] if t > 0 else 0)
+                        + (x[:, t + 1] * w[:, 2] if t < 2 else 0) for t in range(3)], 1)
+    torch.testing.assert_close(got, want.reshape(2, -1, x.shape[-1]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cpe, words", [([3, 2, 1], "one odd int per grid axis"), ([1, 1, 1], "one odd int per"),
