@@ -346,3 +346,55 @@ def test_adding_a_cpe_keeps_the_trained_weights_and_the_output():
     # anything beyond adding the CPE still asks for reinit
     with pytest.raises(ValueError, match="reinit=True"):
         mediagen.convert(model, "mhla", cpe_kernel=[3, 1, 1], out_norm=False)
+
+
+def test_frame_embedding_adds_each_frames_vector_before_the_projections():
+    grid = (3, 4, 6)
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], rope="features", frame_embedding=5, grid=grid)
+    proc = model.blocks[0].attn1.processor
+    assert tuple(proc.frame_embedding.shape) == (5, model.blocks[0].attn1.to_q.in_features)
+    x = torch.randn(2, 3 * 4 * 6, proc.frame_embedding.shape[1])
+    got = proc._add_frames(x, grid)
+    want = x.clone()
+    for n in range(x.shape[1]):
+        want[:, n] += proc.frame_embedding[n // (4 * 6)]
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="6 latent frames .* covers 5"):
+        proc._add_frames(torch.randn(1, 6 * 4 * 6, x.shape[2]), (6, 4, 6))
+
+
+def _reversal_error(model, inputs):
+    """|f(R x) reversed - f(x)| / |f(x)|, R reversing the frames."""
+    out = run(model, inputs)
+    rev = dict(inputs, hidden_states=inputs["hidden_states"].flip(2))
+    return ((run(model, rev).flip(2) - out).norm() / out.norm()).item()
+
+
+def test_frame_embedding_tells_a_clip_from_its_time_reversal():
+    """Without RoPE or a frame embedding an MHLA video model commutes with reversing the frames (its
+    blocks and Mc's locality init are symmetric in time); the frame embedding breaks that."""
+    torch.manual_seed(0)
+    inputs = wan_inputs(frames=4)
+    with pytest.warns(UserWarning, match="see no token"):
+        blind = mediagen.convert(tiny_wan(), "mhla", blocks=[2, 2, 2], grid=(4, 4, 6))
+    assert _reversal_error(blind, inputs) < 1e-5
+    torch.manual_seed(0)
+    timed = mediagen.convert(tiny_wan(), "mhla", blocks=[2, 2, 2], frame_embedding=4, grid=(4, 4, 6))
+    assert _reversal_error(timed, inputs) > 1e-3
+
+
+def test_adding_a_frame_embedding_keeps_the_trained_weights():
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], rope="features", cpe_kernel=[3, 1, 1],
+                             grid=(3, 4, 6))
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    mediagen.convert(model, "mhla", frame_embedding=16)
+    state = model.state_dict()
+    assert model.config.mediagen_attention["frame_embedding"] == 16
+    assert all(torch.equal(state[k], v) for k, v in trained.items())
+    assert sorted(set(state) - set(trained)) == [f"blocks.{i}.attn1.processor.frame_embedding"
+                                                 for i in range(len(model.blocks))]
+    run(model, wan_inputs())  # 3 frames fit a 16-frame table
+    with pytest.raises(ValueError, match="frame_embedding=4 needs a video model"):
+        mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2], frame_embedding=4)
+    with pytest.raises(ValueError, match="frame_embedding=-1 is not allowed"):
+        mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], frame_embedding=-1)
