@@ -18,8 +18,8 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carr
     family's stock softmax processor (so a converted model with all layers ``sdpa`` computes exactly
     what the original did); ``mhla``/``linear`` layers get a fresh processor with Mc at its locality
     init, whose weights ``from_pretrained`` then loads. Layers listed in ``carry`` get a fresh processor
-    that takes over every weight of the one they have; only parameters the old one lacks (a CPE or a
-    frame embedding being added) keep their init.
+    that takes over every weight of the one they have; only parameters the old one lacks (a CPE being
+    added) keep their zero init, so the layer computes what it computed before.
     """
     fam = family_of(model)
     attns = fam.self_attentions(model)
@@ -40,7 +40,7 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carr
         proc.to(device=ref.device, dtype=ref.dtype)  # new weights follow the layer's device and dtype
         if i in carry:
             missing, unexpected = proc.load_state_dict(attn.processor.state_dict(), strict=False)
-            if unexpected or any(not (k.startswith("cpe.") or k == "frame_embedding") for k in missing):
+            if unexpected or any(not k.startswith("cpe.") for k in missing):
                 raise ValueError(f"layer {i}: cannot carry the weights over to the new processor (missing "
                                  f"{missing}, unexpected {unexpected})")
         attn.set_processor(proc)

@@ -74,14 +74,6 @@ class AttentionSpec:
         per grid axis ([3, 1, 1]: along time only, a third of the cost of 3 on a 3D grid). It is the
         one term of an MHLA layer that sees token order locally and asymmetrically: without it a
         video model's MHLA layers tell a clip from its time reversal only through RoPE.
-    frame_embedding: 0 = off; otherwise a learned vector per position along the grid's first axis
-        (the latent frame of a video model), for up to that many positions, added to the layer's
-        input before its q/k/v projections. It gives the layer absolute time. RoPE and the CPE are
-        relative (the same at every frame), and a video MHLA model trained with only those stays
-        blind to the direction of time: a clip and its time reversal get the same prediction, so
-        "moves left" and "moves right" draw the same motion (docs/RESULTS.md). Initialised at
-        normal(0, 0.02), not zero: a zero table is a symmetric start that the training does not
-        leave. Wan models only (3D grids).
     rope: "none" ignores the rotary embedding in MHLA layers; "features" rotates the features
         phi(q), phi(k) in the numerator and keeps the denominator un-rotated, as the official Wan
         MHLA code does (Wan only: DiT has no RoPE).
@@ -97,7 +89,6 @@ class AttentionSpec:
     out_norm: bool = False
     out_gate: bool = False
     cpe_kernel: int | list[int] = 0
-    frame_embedding: int = 0
     rope: str = "none"
 
     def __post_init__(self):
@@ -126,10 +117,6 @@ class AttentionSpec:
         if self.scale is not None and not _is_positive_number(self.scale):
             raise ValueError(f"scale={self.scale!r} is not allowed: use a finite number > 0, or None")
         self.cpe_kernel = _cpe_kernel(self.cpe_kernel)
-        if not is_int(self.frame_embedding) or operator.index(self.frame_embedding) < 0:
-            raise ValueError(f"frame_embedding={self.frame_embedding!r} is not allowed: use 0 (off) or the number of "
-                             f"latent frames it covers, such as 16")
-        self.frame_embedding = operator.index(self.frame_embedding)
         if self.normalize and self.scale is not None:
             raise ValueError(f"scale={self.scale!r} applies only with normalize=False; leave it None")
         if "mhla" in self.layers and self.blocks is None:

@@ -31,16 +31,15 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
         reinit: allow replacing layers that are already linear / MHLA by a different attention or
             different options; their Mc (and other new weights) start again from the init.
         **options: the MHLA options of ``AttentionSpec`` (``OPTION_NAMES``): blocks, feature_map,
-            normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, frame_embedding, rope. ``blocks`` is the
+            normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope. ``blocks`` is the
             block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
             chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N. Options not given (and
             ``blocks=None``) keep the values of an earlier conversion of the model, else take the
             ``AttentionSpec`` defaults.
 
     Converting again is safe: layers asked for with the attention and options they already have keep
-    their processor and trained weights; adding a CPE or a frame embedding (``cpe_kernel`` or
-    ``frame_embedding`` where it was 0, nothing else changed) keeps every trained weight and, for a
-    zero-initialised CPE, the model's output;
+    their processor and trained weights; adding a CPE (``cpe_kernel`` where it was 0, nothing else
+    changed) keeps every trained weight and, the CPE being zero-initialised, the model's output;
     asking a linear / MHLA layer for anything else raises unless ``reinit=True``. The options are shared by all linear / MHLA layers, so new options cannot
     be given while layers not named here are linear / MHLA with other options.
 
@@ -125,23 +124,18 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     return model
 
 
-ADDABLE_TERMS = ("cpe_kernel", "frame_embedding")  # positional terms a trained layer can gain
-
-
-def _adds_terms_only(old: AttentionSpec, new: AttentionSpec, i: int) -> bool:
-    """Layer i keeps its attention and options except for positional terms (ADDABLE_TERMS) that it
-    did not have: the layer's trained weights carry over. A new CPE is zero-initialised (the output is
-    unchanged); a new frame embedding starts small (normal(0, 0.02)) and changes the output a little."""
+def _adds_cpe_only(old: AttentionSpec, new: AttentionSpec, i: int) -> bool:
+    """Layer i keeps its attention and options except for a CPE that it did not have: the new term is
+    zero-initialised, so the layer's trained weights carry over and its output is unchanged."""
     if old.layers[i] != new.layers[i] or new.layers[i] not in CONVERTED_ATTENTIONS:
         return False
     a, b = old.layer_setup(i)[1], new.layer_setup(i)[1]
-    changed = {k for k in a if a[k] != b[k]}
-    return bool(changed) and all(k in ADDABLE_TERMS and a[k] == 0 for k in changed)
+    return a["cpe_kernel"] == 0 and b["cpe_kernel"] != 0 and {k for k in a if a[k] != b[k]} == {"cpe_kernel"}
 
 
 def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list,
                     reinit: bool) -> tuple[set[int], set[int]]:
-    """(layers whose processor stays as it is, layers that only gain positional terms and carry their weights
+    """(layers whose processor stays as it is, layers that only gain a CPE and carry their weights
     over); raise where a linear / MHLA layer (which may hold trained weights) would be rebuilt without
     ``reinit=True``, or would change without being named at all."""
     if old is None:
@@ -150,7 +144,7 @@ def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list,
     for i in range(len(new.layers)):
         if old.layer_setup(i) == new.layer_setup(i):
             keep.add(i)
-        elif _adds_terms_only(old, new, i) and not reinit:
+        elif _adds_cpe_only(old, new, i) and not reinit:
             carry.add(i)
         elif old.layers[i] in CONVERTED_ATTENTIONS:
             (named if asked[i] is not None else unnamed).append(i)

@@ -6,9 +6,7 @@ model. The projections, q/k norms and output projection stay those of the pretra
 latent grid comes from the transformer's pre-hook (``latent_grid.LatentGrids``), looked up by the
 sequence length.
 
-Per layer, with q, k, v (B, N, H, D) from the layer's own projections of x:
-
-    x = x + E[frame of each token]             if frame_embedding      (q, k, v only)
+Per layer, with q, k, v (B, N, H, D) from the layer's own projections:
 
     o = MHLA(q, k, v; Mc, grid, blocks)                               (kernels.mhla)
     o = RMSNorm(o)                             if out_norm             (over all heads)
@@ -79,12 +77,6 @@ class GridSelfAttnProcessor(nn.Module):
             self.cpe = _CONVS[ndim](inner, inner, tuple(k), padding=tuple(a // 2 for a in k), groups=inner)
             nn.init.zeros_(self.cpe.weight)
             nn.init.zeros_(self.cpe.bias)
-        self.frame_embedding = None
-        if spec.frame_embedding:
-            if ndim != 3:
-                raise ValueError(f"frame_embedding={spec.frame_embedding} needs a video model's 3D latent grid; this "
-                                 f"model's grid has {ndim} axes")
-            self.frame_embedding = nn.Parameter(torch.randn(spec.frame_embedding, query_dim) * 0.02)
         self.grids = grids  # shared LatentGrids (plain object, not a submodule)
         self.sequence_parallel = None  # set by models.sequence_parallel.enable_sequence_parallel
 
@@ -122,15 +114,6 @@ class GridSelfAttnProcessor(nn.Module):
         x = v.transpose(1, 2).reshape(B, C, *grid).contiguous()  # (B, inner, *grid)
         return self.cpe(x).flatten(2).transpose(1, 2)
 
-    def _add_frames(self, x, grid):
-        frames = grid[0]
-        if frames > self.frame_embedding.shape[0]:
-            raise ValueError(f"this input has {frames} latent frames but the layer's frame_embedding covers "
-                             f"{self.frame_embedding.shape[0]}: generate at most that many")
-        B, N, C = x.shape
-        e = self.frame_embedding[:frames].to(x.dtype)  # tokens run frame-major: (frames, H*W) per sample
-        return (x.view(B, frames, N // frames, C) + e[:, None]).view(B, N, C)
-
     def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                 rotary_emb=None, *args, **kwargs):
         if encoder_hidden_states is not None:
@@ -140,16 +123,13 @@ class GridSelfAttnProcessor(nn.Module):
         if hidden_states.dim() != 3:
             raise ValueError(f"hidden_states must be (B, N, C); got shape {tuple(hidden_states.shape)}")
         residual = hidden_states
+        q, k, v = self.project_qkv(attn, hidden_states)
+        rope = wan_rope_tables(rotary_emb) if self.rope_features and rotary_emb is not None else None
         if self.sequence_parallel is not None:  # q, k, v and the tables hold this rank's slab of whole blocks
             grid = self.sequence_parallel.grid
-        else:
-            grid = tuple(self.grids.lookup(hidden_states.shape[1]))
-        x = hidden_states if self.frame_embedding is None else self._add_frames(hidden_states, grid)
-        q, k, v = self.project_qkv(attn, x)
-        rope = wan_rope_tables(rotary_emb) if self.rope_features and rotary_emb is not None else None
-        if self.sequence_parallel is not None:
             o = self.sequence_parallel.attend(self.core, q, k, v, rope=rope)
         else:
+            grid = tuple(self.grids.lookup(q.shape[1]))
             o = self.core(q, k, v, grid, rope=rope)
         o = o.flatten(2)
         if self.out_norm is not None:

@@ -81,9 +81,6 @@ def _check(transformer, world):
         if p.cpe is not None:
             raise ValueError(f"layer {i}: cpe_kernel is not supported sequence-parallel (its convolution "
                              f"crosses slab borders)")
-        if p.frame_embedding is not None:
-            raise ValueError(f"layer {i}: frame_embedding is not supported sequence-parallel (a slab does not know "
-                             f"its first frame)")
         if p.core.blocks[0] % world:
             raise ValueError(f"layer {i}: blocks[0]={p.core.blocks[0]} must be divisible by the world size {world}")
     blocks = {p.core.blocks for p in procs}
