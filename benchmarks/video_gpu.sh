@@ -10,7 +10,8 @@
 #   bash benchmarks/video_gpu.sh gap STEP OUT        # while training: export every run's checkpoint STEP and
 #                                                    # print its caption-direction gap (benchmarks/time_reversal.py;
 #                                                    # above 0 once a model reads the caption's direction)
-# Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried.
+# Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried, in
+# every call (or links made in that call to copies under /tmp): between calls the tree was seen to lose them.
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
 # COMPILE=true (or false) skips the throughput timing at start and trains with that setting.
@@ -124,7 +125,7 @@ gap)
   for a in $ATTNS; do
     more="EXTRA_$a"
     $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" \
-      --to $R/gap-$a > /dev/null 2>&1 || echo "$a: no checkpoint $step"
+      --to $R/gap-$a > $R/gap-$a.log 2>&1 || { echo "$a: export of step $step failed:"; tail -n 2 $R/gap-$a.log; }
   done
   python3 -m benchmarks.time_reversal $(for a in $ATTNS; do [ -d $R/gap-$a ] && echo $R/gap-$a; done) --clips 1 \
     --gap-clips 32 2>&1 | grep -E "gap|sigma"

@@ -1,6 +1,7 @@
 """Training runs end to end on the CPU: losses fall, checkpoints and pipelines are written, and the
 saved pipelines generate through mediagen.pipelines (softmax, MHLA video, LoRA, conversion)."""
 
+import json
 import numpy as np
 import torch
 
@@ -92,3 +93,19 @@ def test_lora_and_conversion_finetunes(tmp_path):
     mixes = [p.detach() for n, p in pipe.transformer.named_parameters() if n.endswith("core.mix")]
     assert mixes and all(float(m.min()) >= 0 and float(m.max()) <= 1 for m in mixes)   # Mc clipped
     assert pipe(class_labels=[1], num_inference_steps=2, output_type="np").images.shape == (1, 8, 8, 1)
+    # a run continued from a folder does not write that machine-local path into the configs it saves
+    for run_dir in (base, lora, conv):
+        for config in (run_dir / "pipeline").glob("*/config.json"):
+            assert "_name_or_path" not in json.loads(config.read_text()), config
+
+
+def test_list_valued_overrides_reach_the_saved_pipeline(tmp_path):
+    """A dotlist list (model.overrides.patch_size=[1,2,2], cpe_kernel=[3,1,1]) is an omegaconf
+    ListConfig; the run must still save its pipeline, with the values as plain lists."""
+    out = tmp_path / "wan"
+    train(tiny_config(out, TINY_WAN, "train.max_steps=1", "checkpoint.every=100", "model.overrides.patch_size=[1,2,2]",
+                      "model.attention=mhla", "model.blocks=[1,2,2]", "model.attention_options.cpe_kernel=[3,1,1]"))
+    config = json.loads((out / "pipeline" / "transformer" / "config.json").read_text())
+    assert config["patch_size"] == [1, 2, 2]
+    assert config["mediagen_attention"]["cpe_kernel"] == [3, 1, 1]
+    assert build_pipeline(str(out / "pipeline")).transformer.config.patch_size == [1, 2, 2]

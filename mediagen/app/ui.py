@@ -49,9 +49,16 @@ def _size_controls(d: dict, suffix: str = ""):
     return height, width
 
 
-def _attention_radio(app: MediagenApp, d: dict, family: str):
+# The attention picked first: the one whose shipped model does the tab's task best (docs/RESULTS.md).
+# Videos: sdpa, the model that moves the digit the asked way (video-mhla draws clear digits on the
+# asked axis but the wrong way round half the time); images, class or prompt mode: mhla.
+FIRST_CHOICE = {"image": "mhla", "video": "sdpa"}
+
+
+def _attention_radio(app: MediagenApp, d: dict, family: str, task: str | None = None):
     offered = d["offered"][family]
-    value = "mhla" if "mhla" in offered else offered[0]
+    first = FIRST_CHOICE[task or family]
+    value = first if first in offered else offered[0]
     radio = RawRadio(offered, value=value, label="attention", info="only trained checkpoints are offered")
     info = gr.Markdown(app.info(family, value))
     return radio, info
@@ -67,7 +74,7 @@ def _image_tab(app: MediagenApp, d: dict):
             class_label = RawNumber(value=3, precision=0, label=f"class (0–{d['num_classes'] - 1})")
             prompt = gr.Textbox(value="the digit 7", label="prompt", visible=False)
             negative = gr.Textbox(value="", label="negative prompt", visible=False)
-            attention, info = _attention_radio(app, d, "image")
+            attention, info = _attention_radio(app, d, "image", task="image")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)",
                                visible=False)
             with gr.Row():
@@ -84,7 +91,8 @@ def _image_tab(app: MediagenApp, d: dict):
     def on_mode(mode_value, current):
         family = "image" if mode_value == "class" else "video"
         offered = d["offered"][family]
-        value = current if current in offered else ("mhla" if "mhla" in offered else offered[0])
+        first = FIRST_CHOICE["image"]  # prompt-mode stills: mhla draws the asked digit more often
+        value = current if current in offered else (first if first in offered else offered[0])
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
                 *(gr.update(visible=prompt_mode) for _ in range(5)))
@@ -103,7 +111,7 @@ def _video_tab(app: MediagenApp, d: dict):
         with gr.Column():
             prompt = gr.Textbox(value="the digit 7 moves left", label="prompt")
             negative = gr.Textbox(value="", label="negative prompt")
-            attention, info = _attention_radio(app, d, "video")
+            attention, info = _attention_radio(app, d, "video", task="video")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
             with gr.Row():
                 frames = RawNumber(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")

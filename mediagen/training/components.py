@@ -112,6 +112,14 @@ def _train_only(transformer, patterns) -> None:
         raise ValueError(f"finetune.train_only={list(patterns)} matched no parameter name")
 
 
+def _plain(section) -> dict:
+    """A config section as plain Python values: list values from a dotlist (``patch_size=[1,4,4]``)
+    are omegaconf ListConfigs, which the model's config.json cannot serialise."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section)
+
+
 def build_components(cfg) -> Components:
     m, ft = cfg.model, cfg.finetune
     if m.pretrained is not None:
@@ -119,7 +127,7 @@ def build_components(cfg) -> Components:
     else:
         preset(m.preset)  # a clear error for an unknown name
         torch.manual_seed(cfg.train.seed)
-        transformer = build_transformer(m.preset, **dict(m.overrides))
+        transformer = build_transformer(m.preset, **_plain(m.overrides))
     _check_task(transformer, cfg.task)
     teacher = None
     if ft.mode == "convert" and ft.distill_weight > 0:
@@ -127,7 +135,7 @@ def build_components(cfg) -> Components:
         teacher.requires_grad_(False).eval()
     if m.attention is not None:
         attention = m.attention if isinstance(m.attention, str) else list(m.attention)
-        convert(transformer, attention, blocks=m.blocks, layers=m.layers, grid=m.grid, **dict(m.attention_options))
+        convert(transformer, attention, blocks=m.blocks, layers=m.layers, grid=m.grid, **_plain(m.attention_options))
     if ft.mode == "lora":
         add_lora(transformer, ft.lora_rank, ft.lora_alpha, ft.lora_targets)
     if ft.train_only:

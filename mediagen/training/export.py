@@ -4,6 +4,7 @@ write sample images/videos during training, and save the final pipeline folder."
 from __future__ import annotations
 
 import copy
+import json
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -84,9 +85,17 @@ def write_samples(run, step: int, folder: Path | None, writer=None) -> list[Path
 
 
 def save_pipeline_atomically(pipe, folder: Path) -> Path:
-    """save_pretrained into a hidden sibling folder, then swap it in: a kill never leaves half a folder."""
+    """save_pretrained into a hidden sibling folder, then swap it in: a kill never leaves half a folder.
+
+    A component loaded with from_pretrained (a run continued from ``model.pretrained``) carries the
+    folder it came from as ``_name_or_path``; that path of the machine that trained it is dropped from
+    the saved configs, which are meant to be shared."""
     with folder_written_atomically(folder) as tmp:
         pipe.save_pretrained(str(tmp), safe_serialization=True)
+        for config in tmp.glob("*/config.json"):
+            data = json.loads(config.read_text())
+            if data.pop("_name_or_path", None) is not None:
+                config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return folder
 
 
