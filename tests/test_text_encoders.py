@@ -255,3 +255,28 @@ def test_pipelines_saved_with_the_former_encoder_path_still_find_the_class():
 
     old = importlib.import_module("mediagen.models.text_encoders.encoder")    # as model_index.json names it
     assert old.MediagenTextEncoder is MediagenTextEncoder
+
+
+def test_the_sdpa_mask_is_built_once_per_forward_and_rebuilt_when_the_mask_changes(monkeypatch):
+    """Deciding whether a padding mask needs masking reads it on the host (a GPU sync): the layers of
+    one forward share the mask, so it is built once; a new mask, or the same one changed in place, is
+    built again, with the same result as a fresh build."""
+    from mediagen.text.attention import masks
+
+    built = []
+    real = masks._build_sdpa_mask
+    monkeypatch.setattr(masks, "_build_sdpa_mask", lambda *a: built.append(1) or real(*a))
+    m = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    first = masks.sdpa_mask(m, 4, False, "cpu")
+    for _ in range(5):
+        assert masks.sdpa_mask(m, 4, False, "cpu") is first
+    assert len(built) == 1
+    assert masks.sdpa_mask(m, 4, True, "cpu") == (None, True) and len(built) == 2   # another key (causal,
+    # right-padded: no mask needed)
+    m[1, 2] = 1                                                                 # changed in place
+    again = masks.sdpa_mask(m, 4, False, "cpu")
+    assert len(built) == 3 and torch.equal(again[0], real(m, 4, False, "cpu")[0])
+    other = m.clone()
+    masks.sdpa_mask(other, 4, False, "cpu")
+    assert len(built) == 4
+    assert masks.sdpa_mask(None, 4, True, "cpu") == (None, True)

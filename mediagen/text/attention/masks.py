@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 
@@ -17,8 +19,31 @@ def sdpa_mask(attention_mask: torch.Tensor | None, n: int, causal: bool, device)
     Causal with right padding needs no mask at all: padding comes after every real token, so no real
     query can see it. Otherwise keys are masked, and each query may always see itself so that a row
     is never fully masked (a padded query then attends only to itself; its output is discarded).
+
+    The result for the last mask tensor seen is kept (one entry, matched by identity and in-place
+    version): every layer of an encoder forward passes the same mask, and deciding whether it needs
+    masking reads its values on the host, a GPU sync, so it is built once per forward, not per layer.
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    if attention_mask is None:
+        return None, causal
+    global _last
+    key = (n, causal, str(device), attention_mask._version)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        last = _last
+        if last is not None and last[0]() is attention_mask and last[1] == key:
+            return last[2]
+    result = _build_sdpa_mask(attention_mask, n, causal, device)
+    if not compiling:
+        _last = (weakref.ref(attention_mask), key, result)
+    return result
+
+
+_last = None  # (weak reference to the mask, key, result) of the last sdpa_mask call
+
+
+def _build_sdpa_mask(attention_mask: torch.Tensor, n: int, causal: bool, device):
+    if bool(attention_mask.all()):
         return None, causal
     if causal and is_right_padded(attention_mask):
         return None, True
