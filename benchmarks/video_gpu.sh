@@ -14,6 +14,9 @@
 # every call (or links made in that call to copies under /tmp): between calls the tree was seen to lose them.
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
+# ATTNS names the runs (default "sdpa mhla"): configs/train/wan-mmnist-<name>.yaml, or configs/train/<name>.yaml,
+# e.g. ATTNS=convert-wan-mmnist-mhla for the conversion of video-sdpa (its model.pretrained must be on the machine;
+# EXTRA_<name> with - as _, e.g. EXTRA_convert_wan_mmnist_mhla).
 # COMPILE=true (or false) skips the throughput timing at start and trains with that setting.
 # start records EXTRA and EXTRA_<attention> in /tmp/runs/extra.sh; finish, gap and fetch use them (the
 # export has to build the model the run trained).
@@ -30,6 +33,10 @@ R=/tmp/runs
 ATTNS=${ATTNS:-"sdpa mhla"}
 mkdir -p $R
 if [ "$phase" != start ] && [ -f $R/extra.sh ]; then . $R/extra.sh; fi
+
+config() {  # a run's config: configs/train/wan-mmnist-<name>.yaml, else configs/train/<name>.yaml
+  if [ -f configs/train/wan-mmnist-$1.yaml ]; then echo configs/train/wan-mmnist-$1.yaml; else echo configs/train/$1.yaml; fi
+}
 
 progress() {  # the last logged step and the median clips/s of the last 20 steps of each run
   for a in $ATTNS; do
@@ -49,14 +56,14 @@ PY
 case $phase in
 start)
   minutes=$2; out=$3; mkdir -p "$out"
-  { printf 'EXTRA=%q\n' "${EXTRA:-}"; for a in $ATTNS; do more="EXTRA_$a"; printf '%s=%q\n' "$more" "${!more:-}"; done
+  { printf 'EXTRA=%q\n' "${EXTRA:-}"; for a in $ATTNS; do more="EXTRA_${a//-/_}"; printf '%s=%q\n' "$more" "${!more:-}"; done
   } > $R/extra.sh
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
   # throughput of each configuration alone: 30 steps, median of steps 11-30
   for a in $ATTNS; do for c in false true; do
     [ -n "${COMPILE:-}" ] && break 2
-    more="EXTRA_$a"
-    timeout $([ $c = true ] && echo 130 || echo 70) $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} \
+    more="EXTRA_${a//-/_}"
+    timeout $([ $c = true ] && echo 130 || echo 70) $MG train $(config $a) ${EXTRA:-} ${!more:-} \
       train.max_steps=30 train.compile=$c \
       output_dir=$R/bench-$a-$c checkpoint.every=1000 checkpoint.save_pipeline=false > "$out/bench-$a-$c.log" 2>&1
     python3 - "$R/bench-$a-$c/metrics.jsonl" "$a compile=$c" <<'PY' | tee -a "$out/throughput.txt"
@@ -83,8 +90,8 @@ PY
   compile=${COMPILE:-$compile}
   echo "training with train.compile=$compile" | tee -a "$out/throughput.txt"
   for a in $ATTNS; do
-    more="EXTRA_$a"
-    setsid nohup $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} train.time_limit_minutes=$minutes \
+    more="EXTRA_${a//-/_}"
+    setsid nohup $MG train $(config $a) ${EXTRA:-} ${!more:-} train.time_limit_minutes=$minutes \
       train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
   done
   while [ $SECONDS -lt ${HOLD:-540} ]; do sleep 30; done; progress
@@ -96,7 +103,7 @@ wait)
   ;;
 finish)
   out=$2
-  for a in $ATTNS; do pkill -TERM -f "wan-mmnist-$a.yaml" || true; done
+  for a in $ATTNS; do pkill -TERM -f "$(config $a)" || true; done
   sleep 20; progress
   res=$R/results; mkdir -p $res
   for a in $ATTNS; do cp $R/wan-mmnist-$a/metrics.jsonl $res/metrics-$a.jsonl; cp $R/train-$a.log $res/; done
@@ -105,8 +112,8 @@ finish)
   echo "common step: $step"
   ship=$R/ship; mkdir -p $ship
   for a in $ATTNS; do
-    more="EXTRA_$a"
-    $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
+    more="EXTRA_${a//-/_}"
+    $MG train $(config $a) ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
     python3 -c "from mediagen.pipelines.shipping import save_shipped_pipeline as s; s('$R/pipe-$a', '$ship/video-$a', text_encoder='minilm')"
   done
   python3 -m benchmarks.video_samples $(for a in $ATTNS; do echo $ship/video-$a; done) --out $res --time-batch 1
@@ -123,8 +130,8 @@ finish)
 gap)
   step=$2
   for a in $ATTNS; do
-    more="EXTRA_$a"
-    $MG train configs/train/wan-mmnist-$a.yaml ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" \
+    more="EXTRA_${a//-/_}"
+    $MG train $(config $a) ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" \
       --to $R/gap-$a > $R/gap-$a.log 2>&1 || { echo "$a: export of step $step failed:"; tail -n 2 $R/gap-$a.log; }
   done
   python3 -m benchmarks.time_reversal $(for a in $ATTNS; do [ -d $R/gap-$a ] && echo $R/gap-$a; done) --clips 1 \
