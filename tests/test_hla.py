@@ -10,6 +10,7 @@ from mediagen.text.attention.hla import HLAttention
 from mediagen.text.kernels.hla import (bucket_representatives, chunk_summaries, gate_regularisers, gated_delta_rule_chunked, gdn_recurrent,
                                   hla_chunked, hla_recurrent, select_chunks)
 from mediagen.text.kernels.hla.chunk import pad_to_chunks
+from text_paths import assert_close_fp32, padding_mask, short_and_long
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -248,25 +249,6 @@ def make_random(chunk=8, pool=2, dtype=torch.float32, seed=0, **kw):
     return m
 
 
-def padding_mask(b, n, kind, seed):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "none":
-        return None
-    if kind == "right":
-        lengths = torch.randint(1, n + 1, (b,), generator=g)
-        return (torch.arange(n)[None] < lengths[:, None]).long()
-    mask = (torch.rand(b, n, generator=g) > 0.4).long()             # holes anywhere
-    mask[:, 0] = 1
-    return mask
-
-
-def assert_close_fp32(got, want, what, tol=2e-5, floor=0.0):
-    """L2 error within fp32 rounding of a reordered computation: below ``tol`` relative to want's norm,
-    plus ``floor``. A wrong mask, decay or gate gives relative errors of order 1."""
-    diff, ref = (got.double() - want.double()).norm().item(), want.double().norm().item()
-    assert diff <= tol * ref + floor, f"{what}: L2 error {diff:.2e} against norm {ref:.2e}"
-
-
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 13, 16])
 @pytest.mark.parametrize("batch,mask_kind", [(1, "none"), (3, "none"), (3, "right"), (3, "holes")])
 def test_short_path_equals_long_path_forward_and_gradients(n, batch, mask_kind):
@@ -279,14 +261,7 @@ def test_short_path_equals_long_path_forward_and_gradients(n, batch, mask_kind):
     x = torch.randn(batch, n, 16, generator=torch.Generator().manual_seed(seed))
     mask = padding_mask(batch, n, mask_kind, seed)
     weight = torch.randn(batch, n, 16, generator=torch.Generator().manual_seed(seed + 1))
-    results = []
-    for path in (m._forward_short, m._forward_long):
-        m.zero_grad()
-        xi = x.clone().requires_grad_()
-        out = path(xi, mask)
-        (out * weight).sum().backward()
-        grads = {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
-        results.append((out.detach(), xi.grad, grads))
+    results = short_and_long(m, x, mask, weight)
     (short, gx_s, gp_s), (long, gx_l, gp_l) = results
     assert long.abs().max() > 0.1
     assert_close_fp32(short, long, "output")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mediagen.text.attention.mlra import MLRAttention
+from text_paths import assert_close_fp32, padding_mask, short_and_long
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -180,21 +181,6 @@ def make_random(branches, dtype=torch.float32, seed=0):
     return m
 
 
-def padding_mask(b, n, kind, seed):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "none":
-        return None
-    lengths = torch.randint(1, n + 1, (b,), generator=g)
-    pos = torch.arange(n)
-    if kind == "right":
-        return (pos[None] < lengths[:, None]).long()
-    if kind == "left":
-        return (pos[None] >= n - lengths[:, None]).long()
-    mask = (torch.rand(b, n, generator=g) > 0.4).long()             # holes anywhere
-    mask[:, 0] = 1
-    return mask
-
-
 @pytest.mark.parametrize("branches", [2, 4])
 @pytest.mark.parametrize("n", [1, 7, 16, 17, 40])
 @pytest.mark.parametrize("batch,mask_kind", [(1, "none"), (3, "none"), (3, "right"), (2, "left"), (3, "holes")])
@@ -207,13 +193,7 @@ def test_short_path_equals_long_path_forward_and_gradients(branches, n, batch, m
     x = torch.randn(batch, n, D, generator=torch.Generator().manual_seed(seed))
     mask = padding_mask(batch, n, mask_kind, seed)
     weight = torch.randn(batch, n, D, generator=torch.Generator().manual_seed(seed + 1))
-    results = []
-    for path in (m._forward_short, m._forward_long):
-        m.zero_grad()
-        xi = x.clone().requires_grad_()
-        out = path(xi, mask)
-        (out * weight).sum().backward()
-        results.append((out.detach(), xi.grad, {k: p.grad.clone() for k, p in m.named_parameters()}))
+    results = short_and_long(m, x, mask, weight)
     (short, gx_s, gp_s), (long, gx_l, gp_l) = results
     assert long.abs().max() > 0.1                                     # not a vacuous comparison
     assert_close_fp32(short, long, "output")
@@ -223,13 +203,6 @@ def test_short_path_equals_long_path_forward_and_gradients(branches, n, batch, m
     floor = 2e-5 * max(g.norm().item() for g in gp_l.values())
     for name in gp_l:
         assert_close_fp32(gp_s[name], gp_l[name], f"gradient of {name}", floor=floor)
-
-
-def assert_close_fp32(got, want, what, tol=2e-5, floor=0.0):
-    """L2 error within fp32 rounding of a reassociated computation: below ``tol`` relative to want's
-    norm, plus ``floor``. A wrong fold or mask gives relative errors of order 1."""
-    diff, ref = (got.double() - want.double()).norm().item(), want.double().norm().item()
-    assert diff <= tol * ref + floor, f"{what}: L2 error {diff:.2e} against norm {ref:.2e}"
 
 
 @pytest.mark.parametrize("branches", [2, 4])
