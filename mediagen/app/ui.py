@@ -55,9 +55,9 @@ def _size_controls(d: dict, suffix: str = ""):
 FIRST_CHOICE = {"image": "mhla", "video": "sdpa"}
 
 
-def _attention_radio(app: MediagenApp, d: dict, family: str, task: str | None = None):
+def _attention_radio(app: MediagenApp, d: dict, family: str):
     offered = d["offered"][family]
-    first = FIRST_CHOICE[task or family]
+    first = FIRST_CHOICE[family]
     value = first if first in offered else offered[0]
     radio = RawRadio(offered, value=value, label="attention", info="only trained checkpoints are offered")
     info = gr.Markdown(app.info(family, value))
@@ -74,7 +74,7 @@ def _image_tab(app: MediagenApp, d: dict):
             class_label = RawNumber(value=3, precision=0, label=f"class (0–{d['num_classes'] - 1})")
             prompt = gr.Textbox(value="the digit 7", label="prompt", visible=False)
             negative = gr.Textbox(value="", label="negative prompt", visible=False)
-            attention, info = _attention_radio(app, d, "image", task="image")
+            attention, info = _attention_radio(app, d, "image")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)",
                                visible=False)
             with gr.Row():
@@ -111,7 +111,7 @@ def _video_tab(app: MediagenApp, d: dict):
         with gr.Column():
             prompt = gr.Textbox(value="the digit 7 moves left", label="prompt")
             negative = gr.Textbox(value="", label="negative prompt")
-            attention, info = _attention_radio(app, d, "video", task="video")
+            attention, info = _attention_radio(app, d, "video")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
             with gr.Row():
                 frames = RawNumber(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")
