@@ -37,10 +37,11 @@ from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel,
 from mediagen.kernels.mhla.triton_dense import dense_forward_kernel
 
 REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
-# pointer arguments and their element types for bf16 inputs (every summary, mixed or not, and their
-# gradients are bf16 then: triton_op.summary_dtype)
+# pointer arguments and their element types for bf16 inputs in training: the summaries, mixed or not,
+# and their gradients are fp32 whenever a backward reads them (triton_op.summary_dtype; a bf16 forward
+# that nothing differentiates stores them in bf16)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
-            "SZ": "bf16", "SZM": "bf16", "DSZ": "bf16", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
+            "SZ": "fp32", "SZM": "fp32", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
             "order": "i32", "offsets": "i32"}
 FLOATS = {"eps", "scale"}
 KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense")
