@@ -11,7 +11,7 @@
 #                                                    # print its caption-direction gap (benchmarks/time_reversal.py;
 #                                                    # above 0 once a model reads the caption's direction)
 # Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried, in
-# every call (or links made in that call to copies under /tmp): between calls the tree was seen to lose them.
+# every call (or linked in that call to copies under /tmp): what an earlier call carried may be gone.
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
 # ATTNS names the runs (default "sdpa mhla"): configs/train/wan-mmnist-<name>.yaml, or configs/train/<name>.yaml,

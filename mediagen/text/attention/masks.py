@@ -26,16 +26,14 @@ def sdpa_mask(attention_mask: torch.Tensor | None, n: int, causal: bool, device)
     """
     if attention_mask is None:
         return None, causal
+    if torch.compiler.is_compiling():
+        return _build_sdpa_mask(attention_mask, n, causal, device)
     global _last
     key = (n, causal, str(device), attention_mask._version)
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
-        last = _last
-        if last is not None and last[0]() is attention_mask and last[1] == key:
-            return last[2]
+    if _last is not None and _last[0]() is attention_mask and _last[1] == key:
+        return _last[2]
     result = _build_sdpa_mask(attention_mask, n, causal, device)
-    if not compiling:
-        _last = (weakref.ref(attention_mask), key, result)
+    _last = (weakref.ref(attention_mask), key, result)
     return result
 
 
