@@ -288,8 +288,8 @@ def test_video_scores_measure_subject_and_background_apart():
 
 
 def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_path):
-    """Video: sdpa (the shipped video-mhla moves the digit the wrong way half the time); images, class
-    and prompt mode: mhla (docs/RESULTS.md). Both offered in both families here."""
+    """Class-conditional images and videos: mhla; prompt-mode images: sdpa, whose stills show the asked
+    digit more often (docs/RESULTS.md). Both offered in both families here."""
     from mediagen.app.handlers import MediagenApp
     from mediagen.app.limits import Limits
     from mediagen.app.models import ModelSet, ModelSource
@@ -303,4 +303,8 @@ def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_pat
     demo = build_demo(app)
     radios = [c for c in demo.blocks.values() if getattr(c, "label", None) == "attention"]
     assert [sorted(r.choices) for r in radios] == [sorted([("sdpa", "sdpa"), ("mhla", "mhla")])] * 2
-    assert [r.value for r in radios] == ["mhla", "sdpa"]        # the Image tab, then the Video tab
+    assert [r.value for r in radios] == ["mhla", "mhla"]        # the Image tab, then the Video tab
+    fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
+    on_mode = next(f.fn for f in fns if getattr(f.fn, "__name__", "") == "on_mode")
+    assert on_mode("prompt")[0]["value"] == "sdpa"                   # switching the Image tab's mode
+    assert on_mode("class")[0]["value"] == "mhla"

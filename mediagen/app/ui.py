@@ -49,16 +49,21 @@ def _size_controls(d: dict, suffix: str = ""):
     return height, width
 
 
-# The attention picked first: the one whose shipped model does the tab's task best (docs/RESULTS.md).
-# Videos: sdpa, the model that moves the digit the asked way (video-mhla draws clear digits on the
-# asked axis but the wrong way round half the time); images, class or prompt mode: mhla.
-FIRST_CHOICE = {"image": "mhla", "video": "sdpa"}
+# The attention picked first per task: the one whose shipped model does it best (docs/RESULTS.md).
+# Class-conditional images: mhla (image-mhla's FID is below the softmax model's). Videos: mhla (video-mhla
+# and video-sdpa score the same on digit and direction). Prompt-mode images, the middle frame of a still
+# clip: sdpa, whose stills show the asked digit more often.
+FIRST_CHOICE = {"class": "mhla", "prompt": "sdpa", "video": "mhla"}
+
+
+def _first_choice(task: str, offered) -> str:
+    first = FIRST_CHOICE[task]
+    return first if first in offered else offered[0]
 
 
 def _attention_radio(app: MediagenApp, d: dict, family: str):
     offered = d["offered"][family]
-    first = FIRST_CHOICE[family]
-    value = first if first in offered else offered[0]
+    value = _first_choice("class" if family == "image" else "video", offered)
     radio = RawRadio(offered, value=value, label="attention", info="only trained checkpoints are offered")
     info = gr.Markdown(app.info(family, value))
     return radio, info
@@ -88,16 +93,15 @@ def _image_tab(app: MediagenApp, d: dict):
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
 
-    def on_mode(mode_value, current):
+    def on_mode(mode_value):
         family = "image" if mode_value == "class" else "video"
         offered = d["offered"][family]
-        first = FIRST_CHOICE["image"]  # prompt-mode stills: mhla draws the asked digit more often
-        value = current if current in offered else (first if first in offered else offered[0])
+        value = _first_choice(mode_value, offered)  # another mode draws with another model
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
                 *(gr.update(visible=prompt_mode) for _ in range(5)))
 
-    mode.change(on_mode, [mode, attention], [attention, info, class_label, prompt, negative, encoder, height, width],
+    mode.change(on_mode, [mode], [attention, info, class_label, prompt, negative, encoder, height, width],
                 api_name=False)
     attention.change(lambda m, a: app.info("image" if m == "class" else "video", a), [mode, attention], info,
                      api_name=False)

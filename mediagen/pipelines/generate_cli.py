@@ -74,10 +74,10 @@ def register(sub):
 
 
 # The default per task is the shipped model that does that task best (docs/RESULTS.md): image-mhla
-# (MHLA + a depthwise positional conv, FID below the softmax model's); for videos video-sdpa, the one
-# that moves the digit the asked way (direction 1.00, against 0.53 for video-mhla); for prompt-mode
-# images video-mhla, whose stills show the asked digit more often (0.93 against 0.77).
-DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL, DEFAULT_STILL_MODEL = "image-mhla", "video-sdpa", "video-mhla"
+# (MHLA + a depthwise positional conv, FID below the softmax model's); for videos video-mhla (level with
+# video-sdpa on digit and direction); for prompt-mode images video-sdpa, whose stills show the asked
+# digit more often.
+DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL, DEFAULT_STILL_MODEL = "image-mhla", "video-mhla", "video-sdpa"
 
 
 def _default_model(task: str | None) -> str:
