@@ -126,3 +126,11 @@ def test_vbench_videos_folder_reads_mp4_through_decord(tmp_path, caplog):
         video = read_video(files[0])
     assert video.shape == (120, 144, 176, 3)
     assert any("with decord" in r.getMessage() for r in caplog.records)
+
+
+def test_vbench_videos_names_a_missing_path_and_a_file_apart(tmp_path):
+    with pytest.raises(ValueError, match=r"--videos .*clips.npz does not exist: give a folder"):
+        list_videos(tmp_path / "clips.npz")
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"--videos .*a.txt is not a folder"):
+        list_videos(tmp_path / "a.txt")

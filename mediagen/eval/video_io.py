@@ -205,7 +205,8 @@ def write_video(frames, path, fps: int = 8) -> None:
 def list_videos(folder) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"--videos {folder} is not a folder")
+        what = "does not exist" if not folder.exists() else "is not a folder"
+        raise ValueError(f"--videos {folder} {what}: give a folder of videos or an .npz file of clips")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXTENSIONS)
     if not files:
         raise ValueError(f"no videos in {folder} (looked for {sorted(VIDEO_EXTENSIONS)})")
