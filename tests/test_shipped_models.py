@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.time_reversal import OPPOSITE
 from mediagen.eval.digit_classifier import classify_digits
 from mediagen.pipelines import build_pipeline
 from mediagen.pipelines.shipping import checkpoints_dir, shipped_checkpoint
 from mediagen.text.encoders import load_minilm, load_text_encoder, make_prompts, sentence_similarity
 
 IMAGE_MODELS = ("image-sdpa", "image-mhla", "image-linear")
-OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 VIDEO_MODELS = ("video-sdpa", "video-mhla")
 
 
