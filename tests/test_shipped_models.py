@@ -94,7 +94,7 @@ def test_the_default_video_model_moves_the_digit_the_asked_way():
     directions, scored by the calibrated semantic scorer (docs/RESULTS.md). The default video model
     scores 1.00 on direction over 120 clips on the H200 (a model that ignores the direction word is caught
     by the caption check in the test above: four clips are too few to tell it by sampling). The default
-    only: sampling costs about 80 s a model on a 2-core CPU."""
+    only: sampling costs about 50 s a model on a 2-core CPU."""
     from mediagen.eval.moving_mnist import score_clips
     from mediagen.pipelines.generate_cli import DEFAULT_VIDEO_MODEL
 
