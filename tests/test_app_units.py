@@ -288,8 +288,8 @@ def test_video_scores_measure_subject_and_background_apart():
 
 
 def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_path):
-    """Class-conditional images and videos: mhla; prompt-mode images: sdpa, whose stills show the asked
-    digit more often (docs/RESULTS.md). Both offered in both families here."""
+    """Class-conditional images, videos and prompt-mode images: mhla (docs/RESULTS.md: its shipped models
+    do each task best), also after the Image tab's mode changes. Both offered in both families here."""
     from mediagen.app.handlers import MediagenApp
     from mediagen.app.limits import Limits
     from mediagen.app.models import ModelSet, ModelSource
@@ -306,5 +306,5 @@ def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_pat
     assert [r.value for r in radios] == ["mhla", "mhla"]        # the Image tab, then the Video tab
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
     on_mode = next(f.fn for f in fns if getattr(f.fn, "__name__", "") == "on_mode")
-    assert on_mode("prompt")[0]["value"] == "sdpa"                   # switching the Image tab's mode
+    assert on_mode("prompt")[0]["value"] == "mhla"                   # switching the Image tab's mode
     assert on_mode("class")[0]["value"] == "mhla"

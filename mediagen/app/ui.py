@@ -51,9 +51,9 @@ def _size_controls(d: dict, suffix: str = ""):
 
 # The attention picked first per task: the one whose shipped model does it best (docs/RESULTS.md).
 # Class-conditional images: mhla (image-mhla's FID is below the softmax model's). Videos: mhla (video-mhla
-# and video-sdpa score the same on digit and direction). Prompt-mode images, the middle frame of a still
-# clip: sdpa, whose stills show the asked digit more often.
-FIRST_CHOICE = {"class": "mhla", "prompt": "sdpa", "video": "mhla"}
+# and video-sdpa score within a point on digit and direction). Prompt-mode images, the middle frame of a
+# still clip: mhla, whose stills show the asked digit more often (video-mhla trained on more still clips).
+FIRST_CHOICE = {"class": "mhla", "prompt": "mhla", "video": "mhla"}
 
 
 def _first_choice(task: str, offered) -> str:
