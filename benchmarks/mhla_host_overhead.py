@@ -23,6 +23,10 @@ Two tables:
              the two above when nothing overlaps.
   "fwd" runs the forward with inputs that require grad (the autograd graph is built), "fwd no-grad" under
   torch.no_grad(), "fwd+bwd" the forward and torch.autograd.grad of all inputs (q, k, v, Mc).
+- "per launch" (a CUDA machine only): the host time of each Triton launch in a forward + backward, by kernel,
+  through ``kernel[grid](...)`` (Triton's JIT dispatch: argument binding, specialisation and cache key, then
+  the launcher) and through a direct call of the compiled kernel the dispatch returned, with the same
+  arguments (the launcher alone): what launching cached compiled kernels directly would save.
 """
 
 from __future__ import annotations
@@ -146,6 +150,69 @@ def stubbed_table(algorithm, calls, repeats):
         print(f"| {name} | {us:.1f} | {floor_us:.1f} |")
 
 
+class _TimedKernel:
+    """Stands in for a Triton kernel: launches it as usual, adds each launch's host time to ``times[name]`` and
+    keeps the last launch (compiled kernel, grid, arguments) in ``last[name]``."""
+
+    def __init__(self, name, kernel, times, last):
+        self.name, self.kernel, self.times, self.last = name, kernel, times, last
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            t0 = time.perf_counter()
+            compiled = self.kernel[grid](*args, **kwargs)
+            self.times.setdefault(self.name, []).append(time.perf_counter() - t0)
+            self.last[self.name] = (self.kernel, compiled, grid, args, kwargs)
+            return compiled
+        return launch
+
+
+def _direct_us(kernel, compiled, grid, args, kwargs, calls=200):
+    """Host us per direct launch of ``compiled`` (every parameter in the kernel's order, constexprs included,
+    as Triton's dispatch hands them to the launcher), the GPU held busy so that no launch waits."""
+    ordered = (*args, *(kwargs[name] for name in kernel.arg_names[len(args):]))
+    grid3 = (*grid, *(1,) * (3 - len(grid)))
+    run = compiled[grid3]
+    run(*ordered)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run(*ordered)
+    us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def per_launch_table(algorithm, calls):
+    (_, fwd_bwd, _), = [c for name, c in cases(algorithm, torch.device("cuda")).items() if name.startswith("mhla")]
+    times, last = {}, {}
+    saved = {name: getattr(triton_op, name) for name in KERNELS}
+    try:
+        for name in KERNELS:
+            setattr(triton_op, name, _TimedKernel(name, saved[name], times, last))
+        for _ in range(10):  # warm-up: kernels compiled, plans cached
+            fwd_bwd()
+        times.clear()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # every launch below is issued while the GPU is busy
+        for _ in range(calls):
+            fwd_bwd()
+        torch.cuda.synchronize()
+    finally:
+        for name, kernel in saved.items():
+            setattr(triton_op, name, kernel)
+    print(f"\n### per launch, mhla {algorithm} fwd+bwd ({torch.cuda.get_device_name()}): host us per launch\n")
+    print("| kernel | launches per call | through kernel[grid] | compiled kernel called directly |\n|---|---|---|---|")
+    for name, spent in times.items():
+        try:
+            direct = ("n/a: no compiled kernel (interpreter)" if last[name][1] is None
+                      else f"{_direct_us(*last[name]):.1f}")
+        except Exception as err:  # the launcher's calling convention differs in this Triton version
+            direct = f"n/a: {type(err).__name__}: {str(err).splitlines()[0][:60]}"
+        print(f"| {name} | {len(spent) / calls:g} | {statistics.median(spent) * 1e6:.1f} | {direct} |")
+
+
 def _cuda_times(fn, calls, repeats):
     """(host us, GPU us, wall us) per call, medians over ``repeats`` runs of ``calls`` calls."""
     host, gpu, wall = [], [], []
@@ -198,6 +265,7 @@ def main():
     stubbed_table(args.algorithm, args.calls, args.repeats)
     if torch.cuda.is_available():
         cuda_table(args.algorithm, args.calls, args.repeats)
+        per_launch_table(args.algorithm, args.calls)
     else:
         print("\n(no CUDA device: the eager table needs one)")
 

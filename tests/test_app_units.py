@@ -204,12 +204,12 @@ def test_model_info_reads_the_card(tmp_path):
 
     _checkpoints(tmp_path, ["image-sdpa", "video-sdpa", "video-mhla"])
     (tmp_path / "video-mhla" / "card.json").write_text(json.dumps(
-        {"trained_steps": 40000, "clips_seen": 2560000, "scores": {"digit_ok": 0.912, "direction_ok": 0.84},
+        {"trained_steps": 40000, "clips_seen": 2560000, "scores": {"digit_ok": 0.912, "direction_ok": 1.0, "fid": 12},
          "measured_on": "512 clips"}))
     (tmp_path / "image-sdpa" / "card.json").write_text("{not json")
     m = models.default_models(tmp_path)
     assert models.model_info(m, "video", "mhla") == ("video-mhla: trained 40,000 training steps, 2,560,000 clips "
-                                                     "seen; scores: digit_ok 0.912, direction_ok 0.84 (512 clips)")
+                                                     "seen; scores: digit_ok 0.912, direction_ok 1.0, fid 12 (512 clips)")
     assert models.model_info(m, "video", "sdpa") == "video-sdpa: trained (steps not recorded); scores: not measured"
     assert "card.json unreadable" in models.model_info(m, "image", "sdpa")
 

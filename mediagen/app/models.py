@@ -118,8 +118,11 @@ def _count(value) -> str:
 
 
 def _score(value) -> str:
+    """A card's score as shown: four significant digits; a float keeps its point (a rate of 1.0 reads
+    "1.0", not the count "1")."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.4g}"
+        text = f"{value:.4g}"
+        return text + ".0" if isinstance(value, float) and text.lstrip("-").isdigit() else text
     return str(value)
 
 
