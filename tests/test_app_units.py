@@ -288,8 +288,8 @@ def test_video_scores_measure_subject_and_background_apart():
 
 
 def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_path):
-    """Class-conditional images, videos and prompt-mode images: mhla (docs/RESULTS.md: its shipped models
-    do each task best), also after the Image tab's mode changes. Both offered in both families here."""
+    """Class-conditional images, videos and prompt-mode images start on mhla (mediagen.app.ui.FIRST_CHOICE
+    says why), also after the Image tab's mode changes. Both offered in both families here."""
     from mediagen.app.handlers import MediagenApp
     from mediagen.app.limits import Limits
     from mediagen.app.models import ModelSet, ModelSource

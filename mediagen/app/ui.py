@@ -49,10 +49,10 @@ def _size_controls(d: dict, suffix: str = ""):
     return height, width
 
 
-# The attention picked first per task: the one whose shipped model does it best (docs/RESULTS.md).
-# Class-conditional images: mhla (image-mhla's FID is below the softmax model's). Videos: mhla (video-mhla
-# and video-sdpa score within a point on digit and direction). Prompt-mode images, the middle frame of a
-# still clip: mhla, whose stills show the asked digit more often (video-mhla trained on more still clips).
+# The attention picked first per task, from the shipped models' scores (docs/RESULTS.md). Class-conditional
+# images: mhla (image-mhla's FID is below the softmax model's). Videos: mhla (video-mhla is within two clips
+# in 120 of video-sdpa on digit and direction, the toolkit's own attention). Prompt-mode images, the middle
+# frame of a still clip: mhla, whose stills show the asked digit more often.
 FIRST_CHOICE = {"class": "mhla", "prompt": "mhla", "video": "mhla"}
 
 

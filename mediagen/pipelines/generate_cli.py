@@ -73,10 +73,10 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-# The default per task is the shipped model that does that task best (docs/RESULTS.md): image-mhla
-# (MHLA + a depthwise positional conv, FID below the softmax model's); for videos video-mhla (within a
-# point of video-sdpa on digit and direction); for prompt-mode images video-mhla too, whose stills show
-# the asked digit more often (it trained on more still clips).
+# The default per task follows the shipped models' scores (docs/RESULTS.md): image-mhla (MHLA + a depthwise
+# positional conv, FID below the softmax model's); for videos video-mhla (within two clips in 120 of
+# video-sdpa on digit and direction); for prompt-mode images video-mhla too, whose stills show the asked
+# digit more often.
 DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL, DEFAULT_STILL_MODEL = "image-mhla", "video-mhla", "video-mhla"
 
 
