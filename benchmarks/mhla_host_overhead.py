@@ -61,15 +61,20 @@ def _no_op(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def stubbed_launches():
+def replaced_kernels(stand_in):
+    """Every kernel of ``KERNELS`` in triton_op replaced by ``stand_in(name, kernel)`` inside the block."""
     saved = {name: getattr(triton_op, name) for name in KERNELS}
     try:
-        for name in KERNELS:
-            setattr(triton_op, name, _NoLaunch())
+        for name, kernel in saved.items():
+            setattr(triton_op, name, stand_in(name, kernel))
         yield
     finally:
         for name, kernel in saved.items():
             setattr(triton_op, name, kernel)
+
+
+def stubbed_launches():
+    return replaced_kernels(lambda name, kernel: _NoLaunch())
 
 
 def inputs(device, requires_grad=True):
@@ -187,10 +192,7 @@ def _direct_us(kernel, compiled, grid, args, kwargs, calls=200):
 def per_launch_table(algorithm, calls):
     (_, fwd_bwd, _), = [c for name, c in cases(algorithm, torch.device("cuda")).items() if name.startswith("mhla")]
     times, last = {}, {}
-    saved = {name: getattr(triton_op, name) for name in KERNELS}
-    try:
-        for name in KERNELS:
-            setattr(triton_op, name, _TimedKernel(name, saved[name], times, last))
+    with replaced_kernels(lambda name, kernel: _TimedKernel(name, kernel, times, last)):
         for _ in range(10):  # warm-up: kernels compiled, plans cached
             fwd_bwd()
         times.clear()
@@ -199,9 +201,6 @@ def per_launch_table(algorithm, calls):
         for _ in range(calls):
             fwd_bwd()
         torch.cuda.synchronize()
-    finally:
-        for name, kernel in saved.items():
-            setattr(triton_op, name, kernel)
     print(f"\n### per launch, mhla {algorithm} fwd+bwd ({torch.cuda.get_device_name()}): host us per launch\n")
     print("| kernel | launches per call | through kernel[grid] | compiled kernel called directly |\n|---|---|---|---|")
     for name, spent in times.items():
