@@ -1,7 +1,7 @@
 """Sample the text-to-video grid a semantic score needs, and time sampling, for one or more pipelines.
 
     python -m benchmarks.video_samples PIPELINE [PIPELINE ...] --out DIR [--seeds 0 1 2] [--steps 8]
-        [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1]
+        [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1] [--runtime eager]
 
 For each pipeline folder writes DIR/<name>.npz with ``videos`` uint8 (N, F, H, W), ``prompts`` and
 ``seeds``: every digit 0-9 x every direction x every seed, the caption the model was trained on
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--time-batch", type=int, default=1)
     p.add_argument("--no-grid", action="store_true", help="only time sampling")
+    p.add_argument("--runtime", default="eager", choices=["eager", "compile", "cuda-graphs"],
+                   help="how the denoising loop runs the transformer (the pipelines' set_runtime)")
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = Path(args.out)
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
         name = Path(folder).name
         pipe = build_pipeline(folder, device=args.device, dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
+        pipe.set_runtime(args.runtime)
         if not args.no_grid:
             t0 = time.perf_counter()
             videos, prompts, seeds = sample_grid(pipe, args.seeds, args.steps, args.guidance)
@@ -108,7 +111,7 @@ def main(argv=None) -> int:
         report[name] = {"median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),
                         "batch": args.time_batch, "steps": args.steps, "guidance": args.guidance,
                         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                        "dtype": args.dtype}
+                        "dtype": args.dtype, "runtime": args.runtime}
         print(f"{name}: sampling {args.time_batch} video(s), {args.steps} steps: median "
               f"{report[name]['median_s'] * 1000:.1f} ms (min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})")
     (out / "sampling_latency.json").write_text(json.dumps(report, indent=2))

@@ -136,6 +136,32 @@ def test_checks_still_apply_after_a_call_passed_them(backend):
             mhla(q, k, v, mix, grid, blocks, normalize=normalize, backend=backend)
 
 
+def test_a_compiled_caller_is_compiled_once(monkeypatch):
+    """The checks' cache of passed arguments stays out of traced code: a first call made compiled (the cache
+    empty) and the next one share one graph, where a traced lookup would guard on the cache and recompile."""
+    from torch._dynamo.utils import counters
+
+    from mediagen.kernels.mhla import checks
+
+    monkeypatch.setattr(checks, "_passed", {})
+    a = _ok()
+
+    def layer(q, k, v, mix):
+        grid, blocks = checks.check_mhla_args(q, k, v, mix, a["grid"], a["blocks"], True, 1e-6, None, None)
+        return q * len(grid) + k * len(blocks)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="eager")
+    before = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        compiled(a["q"], a["k"], a["v"], a["mix"])
+    assert counters["stats"]["unique_graphs"] - before == 1
+    with pytest.raises(ValueError, match="blocks"):  # the traced checks still check
+        torch.compile(lambda q: checks.check_mhla_args(q, q, q, a["mix"], a["grid"], (9, 9), True, 1e-6, None,
+                                                       None), backend="eager")(a["q"])
+    torch._dynamo.reset()
+
+
 def _complex_rotate(x, angle):
     """Channel pairs (2j, 2j+1) of x (B, N, H, D) as complex numbers times exp(i * angle[t, j])."""
     z = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous())

@@ -16,13 +16,17 @@ from torch._dynamo.utils import counters
 import mediagen
 import mediagen.pipelines.runtime as runtime_module
 from mediagen.cli import main
+from mediagen.kernels.mhla import layout, triton_op
 from mediagen.models import IdentityAutoencoder
 from mediagen.pipelines import (RUNTIMES, ClassConditionalImagePipeline, TextToImagePipeline, TextToVideoPipeline,
                                 make_scheduler)
 
 ON_GPU = torch.cuda.is_available()
-# fp32 on a CPU: Inductor reorders sums, so a few steps differ by ~1e-6; bf16 by its 8-bit mantissa
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+# fp32 on a CPU: Inductor reorders sums, so a few steps differ by ~1e-6. bf16: Inductor keeps fused norms and
+# activations in fp32 where eager rounds each op to bf16; after 3 steps latents of size ~2 differed from eager by
+# up to 0.042 (DiT, MHLA) and 0.036 (Wan, sdpa) on the H200. A replay that hands back overwritten memory is off
+# by O(1).
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}
 
 
 def gen(seed, device="cpu"):
@@ -143,12 +147,17 @@ def test_generate_runtime_flag_reaches_the_loop(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("family,attention", [("dit", "mhla"), ("wan", "mhla"), ("wan", "sdpa")])
-def test_cuda_graphs_and_compile_match_eager_in_bf16_on_a_gpu(family, attention):
+def test_cuda_graphs_and_compile_match_eager_in_bf16_on_a_gpu(family, attention, monkeypatch):
     torch._dynamo.reset()
     pipe = (dit_pipe if family == "dit" else wan_pipe)(attention, device="cuda", dtype=torch.bfloat16)
     eager = draw(pipe, "cuda")
     close = dict(atol=TOLERANCE[torch.bfloat16], rtol=0)
     for runtime in ("compile", "cuda-graphs"):
+        # each runtime starts with the MHLA op's caches empty, as in a fresh process that samples compiled
+        # from its first call: the index tensors the plans keep are then made inside the compiled run
+        monkeypatch.setattr(triton_op, "_plans", {})
+        monkeypatch.setattr(triton_op, "_blk_cache", {})
+        monkeypatch.setattr(layout, "_device_cache", {})
         pipe.set_runtime(runtime)
         # CUDA graphs: a run's first step warms up, the second records, the rest replay; a second run
         # replays throughout (an output overwritten by the next replay would show as a large error)

@@ -10,6 +10,7 @@ grid. Nothing here copies q, k or v: kernels read tokens in place through these 
 from __future__ import annotations
 
 import math
+import threading
 from functools import lru_cache
 from typing import Sequence
 
@@ -82,13 +83,38 @@ def _block_lists_cpu(grid: tuple[int, ...], blocks: tuple[int, ...]):
 _device_cache: dict = {}
 
 
+def persistent_copy(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` copied to ``device`` for a cache that outlives the call. On CUDA the copy is made by a short-lived
+    thread of its own: under CUDA graphs (torch.compile mode="reduce-overhead") the graphs' private memory pool
+    takes every allocation the running thread makes, warm-up runs included, and a cached tensor left in that
+    pool is a live allocation that is no graph output, which CUDA graph trees refuse ("tensor(s) in the
+    cudagraph pool not tracked as outputs"). The thread waits for its copy, so the tensor is ready when it
+    returns. Called once per cache entry."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    out = []
+
+    def copy():
+        with torch.cuda.device(device):
+            out.append(t.to(device))
+            torch.cuda.current_stream(device).synchronize()
+
+    worker = threading.Thread(target=copy, name="mediagen-persistent-copy")
+    worker.start()
+    worker.join()
+    if not out:
+        raise RuntimeError(f"copying a {tuple(t.shape)} index tensor to {device} failed (see the thread's error above)")
+    return out[0]
+
+
 def on_device(build, grid, blocks, device):
     """``build(grid, blocks)`` (a tuple of CPU index tensors and ints, lru-cached by the caller) with its
     tensors moved to ``device``, cached per (build, grid, blocks, device) so repeated layers reuse one copy."""
     key = (build, grid, blocks, str(device))
     hit = _device_cache.get(key)
     if hit is None:
-        hit = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in build(grid, blocks))
+        hit = tuple(persistent_copy(x, device) if isinstance(x, torch.Tensor) else x for x in build(grid, blocks))
         if len(_device_cache) > 256:
             _device_cache.clear()
         _device_cache[key] = hit

@@ -33,11 +33,12 @@ from typing import NamedTuple, Optional
 import torch
 
 from .checks import FEATURE_CODES
-from .layout import block_token_lists, token_block_ids
+from .layout import block_token_lists, persistent_copy, token_block_ids
 from .settings import current_settings, kernel_settings
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
 from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
+from ..launch import CachedLaunch
 
 ALGORITHMS = ("auto", "chunked", "dense")
 # Tests set this to fill every output buffer with NaN before the kernels run, so an element a
@@ -175,7 +176,7 @@ def _token_blocks_int32(grid, blocks, device):
     key = (tuple(grid), tuple(blocks), str(device))
     hit = _blk_cache.get(key)
     if hit is None:
-        hit = _blk_cache[key] = token_block_ids(grid, blocks, device).to(torch.int32)
+        hit = _blk_cache[key] = persistent_copy(token_block_ids(grid, blocks).to(torch.int32), device)
     return hit
 
 
@@ -225,13 +226,10 @@ def _tokens_per_program(largest, J, dtype):
     return None if largest is None or dtype == torch.float32 else -(-largest // J)
 
 
-class _Launch(NamedTuple):
-    """One kernel launch worked out from shapes and settings: its grid, the run-time scalars that follow the
-    tensor arguments, and the compile-time constants and launch options."""
-
-    grid: tuple
-    scalars: tuple
-    consts: dict
+# One kernel launch worked out from shapes and settings (its grid, the run-time scalars that follow the tensor
+# arguments, the compile-time constants and launch options); after its first launch it calls the compiled
+# kernel directly (launch.py).
+_Launch = CachedLaunch
 
 
 def _cached(cache: dict, key, build):
@@ -402,38 +400,35 @@ def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J,
 def _run_summary(launch, k, v, order, offsets, cos, sin, out_dtype):
     B, N, H, D = k.shape
     sz = _empty((B, H, launch.grid[1], D * D + D), k.device, out_dtype)  # (grid[1]: M * J)
-    summary_kernel[launch.grid](k, v, sz, order, offsets, k if cos is None else cos, k if sin is None else sin,
-                                *launch.scalars, **launch.consts)
+    launch(summary_kernel, k, v, sz, order, offsets, k if cos is None else cos, k if sin is None else sin)
     return sz
 
 
 def _run_mix(launch, out_shape, m, src, out_dtype):
     out = _empty(out_shape, src.device, out_dtype)
-    mix_kernel[launch.grid](m, src, out, *launch.scalars, **launch.consts)
+    launch(mix_kernel, m, src, out)
     return out
 
 
 def _run_mix_grad(launch: _MixGradLaunch, dmixed, block_sz):
     part = torch.empty(launch.part_shape, device=dmixed.device, dtype=torch.float32)
-    mix_grad_kernel[launch.products.grid](dmixed, block_sz, part, *launch.products.scalars, **launch.products.consts)
+    launch.products(mix_grad_kernel, dmixed, block_sz, part)
     if launch.torch_sum is not None:
         return part.sum(dim=launch.torch_sum)
     out = _empty(launch.out_shape, dmixed.device, torch.float32)
-    part_sum_kernel[launch.sum_launch.grid](part, out, *launch.sum_launch.scalars, **launch.sum_launch.consts)
+    launch.sum_launch(part_sum_kernel, part, out)
     return out
 
 
 def _run_apply(launch, q, mixed, order, offsets, cos, sin, out_dtype=None):
     o = _empty(q.shape, q.device, q.dtype if out_dtype is None else out_dtype)
-    apply_kernel[launch.grid](q, mixed, o, order, offsets, q if cos is None else cos, q if sin is None else sin,
-                              *launch.scalars, **launch.consts)
+    launch(apply_kernel, q, mixed, o, order, offsets, q if cos is None else cos, q if sin is None else sin)
     return o
 
 
 def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
     o = _empty(q.shape, q.device, q.dtype)
-    dense_forward_kernel[launch.grid](q, k, v, mixf, blk, o, q if cos is None else cos, q if sin is None else sin,
-                                      *launch.scalars, **launch.consts)
+    launch(dense_forward_kernel, q, k, v, mixf, blk, o, q if cos is None else cos, q if sin is None else sin)
     return o
 
 
@@ -444,16 +439,15 @@ def _run_query_grad(launch: _QueryGradLaunch, q, g, o, mixed, order, offsets, co
     dq = _empty(q.shape, q.device, q.dtype)
     dsz_part = _empty((B, H, M * J, D * D + D), q.device, summary_dtype(q.dtype))
     main = launch.main
-    query_grad_kernel[main.grid](q, g, o, mixed, dq, dsz_part, order, offsets, q if cos is None else cos,
-                                 q if sin is None else sin, *main.scalars, **main.consts)
+    main(query_grad_kernel, q, g, o, mixed, dq, dsz_part, order, offsets, q if cos is None else cos,
+         q if sin is None else sin)
     return dq, dsz_part
 
 
 def _run_key_grad(launch, k, v, dsz, order, offsets, cos, sin):
     dk = _empty(k.shape, k.device, k.dtype)
     dv = _empty(v.shape, v.device, v.dtype)
-    key_grad_kernel[launch.grid](k, v, dsz, dk, dv, order, offsets, k if cos is None else cos,
-                                 k if sin is None else sin, *launch.scalars, **launch.consts)
+    launch(key_grad_kernel, k, v, dsz, dk, dv, order, offsets, k if cos is None else cos, k if sin is None else sin)
     return dk, dv
 
 
