@@ -52,10 +52,26 @@ KERNELS = ("summary_kernel", "apply_kernel", "query_grad_kernel", "key_grad_kern
 
 
 class _NoLaunch:
-    """Stands in for a Triton kernel: ``kernel[grid](*args, **kwargs)`` does nothing."""
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kwargs)`` launches nothing and returns a compiled
+    kernel that launches nothing, so that the op's later launches take their direct path (launch.py) with its
+    checks, as on a GPU."""
+
+    def __init__(self, kernel):
+        self.fn = kernel.fn  # the kernel's signature orders a direct launch's arguments
+
+    def __getitem__(self, grid):
+        return _dispatch
+
+
+class _NoCompiled:
+    run = None  # (a compiled kernel has a launcher)
 
     def __getitem__(self, grid):
         return _no_op
+
+
+def _dispatch(*args, **kwargs):
+    return _NoCompiled()
 
 
 def _no_op(*args, **kwargs):
@@ -87,7 +103,7 @@ def dispatch_only():
 
 
 def stubbed_launches():
-    return replaced_kernels(lambda name, kernel: _NoLaunch())
+    return replaced_kernels(lambda name, kernel: _NoLaunch(kernel))
 
 
 def inputs(device, requires_grad=True):

@@ -880,7 +880,10 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
         args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
                 1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin, keep)
         return torch.ops.mediagen.mhla_fwd(q, k, v, mix, *args)[0]
+    keep = _needs_grad(q, k, v, mix)
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
                  1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin,
-                 _needs_grad(q, k, v, mix))
+                 keep)
+    if not keep:  # nothing to differentiate (sampling): no autograd node, nothing saved
+        return plan.forward(q, k, v, mix, cos, sin)[0]
     return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin, None)
