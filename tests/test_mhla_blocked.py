@@ -16,6 +16,10 @@ CASES = [  # grid, blocks, H, D, feature_map, rope, normalize, per-head mix
     ((141,), (5,), 2, 16, "relu", False, False, False),          # 1D, normalize=False (scale)
     ((5,), (5,), 2, 16, None, True, True, False),                # one token per block
     ((6, 4), (1, 1), 1, 32, "elu1", False, True, False),         # one block: global linear attention
+    # every axis splits evenly: the block layout is a reshape and permute, not a padded gather
+    ((4, 6, 4), (2, 3, 2), 2, 16, "relu", True, True, False),    # 3D, 2x2x2-token blocks, RoPE (the video layout)
+    ((6, 8), (3, 2), 2, 16, "elu1", False, True, True),          # 2D, 2x4-token blocks, per-head mix
+    ((12,), (3,), 1, 16, "relu", False, False, False),           # 1D, normalize=False (scale)
 ]
 
 

@@ -6,16 +6,17 @@ The same math as ``naive.mhla_reference`` (the oracle, which visits blocks one b
     S~_i = sum_b mix[i, b] S_b,           z~_i = sum_b mix[i, b] z_b
     o_t = phi(q_t)^T S~_i(t) / (phi(q_t)^T z~_i(t) + eps)     (normalize=False: times scale instead)
 
-Tokens are gathered once into a padded (B, M, n_max, H, D) layout (block-major; a block smaller than
-the largest is filled with zero features, which add nothing to S and z and whose outputs are
-dropped), so every block is handled by one batched einsum instead of a Python loop with a gather per
-block and tensor: on a 2-core CPU, 0.9-1.0 ms against the loop's 2.0-2.6 ms at the DiT-MNIST shape (B 2,
-14x14 tokens, 3 heads of 64, blocks 3x3) and 8.5-10.7 against 11 ms at the video model's (B 2, 16x8x8,
-6 heads of 64, blocks 4x2x2).
+Tokens are put once into a block-major (B, M, n, H, D) layout, so every block is handled by one batched
+einsum instead of a Python loop with a gather per block and tensor. When every axis splits into equal blocks
+(the video model's 16x8x8 grid in 4x2x2 blocks) that layout is a reshape and a permute of the token grid,
+one copy; otherwise tokens are gathered into a padded layout (a block smaller than the largest is filled
+with zero features, which add nothing to S and z and whose outputs are dropped) and scattered back with an
+inverse index.
 """
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
@@ -48,26 +49,45 @@ def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, featur
     cos, sin = split_rope(rope, q)
     B, N, H, D = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    gather, inverse, n_max = on_device(_padded_index_cpu, grid, blocks, q.device)
-    M = gather.numel() // n_max
+    if all(g % b == 0 for g, b in zip(grid, blocks)):
+        M, n_max = math.prod(blocks), N // math.prod(blocks)
+        # (B, N, H, E) as (B, b0, g0/b0, b1, g1/b1, ..., H, E), permuted to heads, block axes, in-block axes
+        split = [d for g, b in zip(grid, blocks) for d in (b, g // b)]
+        nd = len(grid)
+        order = (0, 2 * nd + 1, *range(1, 2 * nd, 2), *range(2, 2 * nd + 1, 2), 2 * nd + 2)
+        inverse_order = tuple(sorted(range(len(order)), key=order.__getitem__))
+        permuted = [B, H, *blocks, *(g // b for g, b in zip(grid, blocks))]
 
-    def blocked(x):  # (B, N, H, E) -> (B, M, n_max, H, E), padding slots zero
-        return F.pad(x, (0, 0, 0, 0, 0, 1))[:, gather].view(B, M, n_max, H, x.shape[-1])
+        def blocked(x):  # (B, N, H, E) -> (B, H, M, n, E), one copy
+            return x.reshape(B, *split, H, x.shape[-1]).permute(order).reshape(B, H, M, n_max, x.shape[-1])
 
+        def unblocked(o):  # the inverse of ``blocked``
+            return o.reshape(*permuted, o.shape[-1]).permute(inverse_order).reshape(B, N, H, o.shape[-1])
+    else:
+        gather, inverse, n_max = on_device(_padded_index_cpu, grid, blocks, q.device)
+        M = gather.numel() // n_max
+
+        def blocked(x):  # (B, N, H, E) -> (B, H, M, n_max, E), padding slots zero
+            return F.pad(x.transpose(1, 2), (0, 0, 0, 1))[:, :, gather].view(B, H, M, n_max, x.shape[-1])
+
+        def unblocked(o):
+            return o.reshape(B, H, M * n_max, o.shape[-1])[:, :, inverse].transpose(1, 2)
+
+    # Layout (B, H, M, n, E): every product below is a batched matmul over it with no operand copied, and Mc
+    # (shared (M, M) or per head (H, M, M)) mixes the (B, H, M, ...) summaries by broadcasting.
     qf, kf = feature(q.to(acc), feature_map), feature(k.to(acc), feature_map)
     qn, kn = (qf, kf) if cos is None else (rotate_pairs(qf, cos, sin), rotate_pairs(kf, cos, sin))
     Kn, V = blocked(kn), blocked(v.to(acc))
-    S = torch.einsum("bmnhd,bmnhe->bhmde", Kn, V)                         # (B, H, M, D, D)
+    S = Kn.transpose(-1, -2) @ V                                          # (B, H, M, D, D): S_b
     m = mix.to(acc)
-    eq = "ij,bhjde->bhide" if m.dim() == 2 else "hij,bhjde->bhide"
-    S = torch.einsum(eq, m, S)
+    S = (m @ S.reshape(B, H, M, D * D)).view(B, H, M, D, D)               # S~_i = sum_b mix[i, b] S_b
     Qn = blocked(qn)
-    o = torch.einsum("bmnhd,bhmde->bmnhe", Qn, S)                         # (B, M, n_max, H, D)
+    o = Qn @ S                                                            # (B, H, M, n, D)
     if normalize:
         Kf = Kn if kf is kn else blocked(kf)
-        z = torch.einsum(eq.replace("de", "d"), m, Kf.sum(2).permute(0, 2, 1, 3))  # (B, H, M, D)
+        z = m @ Kf.sum(3)                                                 # (B, H, M, D): z~
         Qf = Qn if qf is qn else blocked(qf)
-        o = o / (torch.einsum("bmnhd,bhmd->bmnh", Qf, z) + eps)[..., None]
+        o = o / (Qf @ z[..., None] + eps)
     elif scale is not None:
         o = o * scale
-    return o.reshape(B, M * n_max, H, D)[:, inverse].to(q.dtype)
+    return unblocked(o).to(q.dtype)
