@@ -274,6 +274,23 @@ def test_wan_rope_tables_are_contiguous_fp32_angles(dtype):
         wan_rope_tables((cos[0], sin[0]))
 
 
+def test_wan_rope_tables_are_converted_once_per_forward():
+    """Every layer of a forward gets the same rotary tensors: the second layer reuses the first one's tables;
+    other tensors, or the same ones changed in place, are converted again."""
+    from mediagen.models.processors import wan_rope_tables
+
+    angle = torch.rand(5, 4, dtype=torch.float64) * 6
+    cos = angle.cos().repeat_interleave(2, -1)[None, :, None]
+    sin = angle.sin().repeat_interleave(2, -1)[None, :, None]
+    first = wan_rope_tables((cos, sin))
+    assert all(a is b for a, b in zip(wan_rope_tables((cos, sin)), first))
+    cos.mul_(-1)  # changed in place: converted again
+    again = wan_rope_tables((cos, sin))
+    torch.testing.assert_close(again[0], -first[0])
+    other = wan_rope_tables((cos.clone(), sin.clone()))
+    assert other[0] is not again[0] and torch.equal(other[0], again[0])
+
+
 @pytest.mark.parametrize("kernel", [[3, 1, 1], [1, 5, 1], [1, 1, 3], 1, [3, 3, 3], 3])
 def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel):
     """The CPE adds, per channel, the depthwise conv of v over the token grid (zero past the ends)
