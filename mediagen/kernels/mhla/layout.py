@@ -91,8 +91,8 @@ def persistent_copy(t: torch.Tensor, device) -> torch.Tensor:
     cudagraph pool not tracked as outputs"). The thread waits for its copy, so the tensor is ready when it
     returns. Called once per cache entry."""
     device = torch.device(device)
-    if device.type != "cuda":
-        return t.to(device)
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return t.to(device)  # (during a capture a copy from the host fails either way, with torch's message)
     out = []
 
     def copy():
@@ -105,6 +105,8 @@ def persistent_copy(t: torch.Tensor, device) -> torch.Tensor:
     worker.join()
     if not out:
         raise RuntimeError(f"copying a {tuple(t.shape)} index tensor to {device} failed (see the thread's error above)")
+    # the memory belongs to the thread's stream; were the cache to drop it, it must wait for this stream's work
+    out[0].record_stream(torch.cuda.current_stream(device))
     return out[0]
 
 
