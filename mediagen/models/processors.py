@@ -44,13 +44,13 @@ def wan_rope_tables(rotary_emb) -> tuple[torch.Tensor, torch.Tensor]:
     if cos.dim() != 4 or cos.shape[0] != 1 or cos.shape[2] != 1:
         raise ValueError(f"expected Wan rotary tables of shape (1, N, 1, D); got {tuple(cos.shape)}")
     global _last_rope_tables
-    if torch.compiler.is_compiling():  # (traced once; the cache would only add guards)
-        return cos[0, :, 0, 0::2].float().contiguous(), sin[0, :, 0, 1::2].float().contiguous()
-    hit = _last_rope_tables
+    cached = not torch.compiler.is_compiling()  # (traced once; under torch.compile the cache would only add guards)
+    hit = _last_rope_tables if cached else None
     if hit is not None and hit[0] is cos and hit[1] is sin and hit[2] == (cos._version, sin._version):
         return hit[3]  # the previous layer's tables: every layer of a forward gets the same tensors
     tables = cos[0, :, 0, 0::2].float().contiguous(), sin[0, :, 0, 1::2].float().contiguous()
-    _last_rope_tables = (cos, sin, (cos._version, sin._version), tables)
+    if cached:
+        _last_rope_tables = (cos, sin, (cos._version, sin._version), tables)
     return tables
 
 

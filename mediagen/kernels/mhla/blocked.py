@@ -6,8 +6,8 @@ The same math as ``naive.mhla_reference`` (the oracle, which visits blocks one b
     S~_i = sum_b mix[i, b] S_b,           z~_i = sum_b mix[i, b] z_b
     o_t = phi(q_t)^T S~_i(t) / (phi(q_t)^T z~_i(t) + eps)     (normalize=False: times scale instead)
 
-Tokens are put once into a block-major (B, M, n, H, D) layout, so every block is handled by one batched
-einsum instead of a Python loop with a gather per block and tensor. When every axis splits into equal blocks
+Tokens are put once into a block-major (B, H, M, n, D) layout, so every block is handled by one batched
+matmul instead of a Python loop with a gather per block and tensor. When every axis splits into equal blocks
 (the video model's 16x8x8 grid in 4x2x2 blocks) that layout is a reshape and a permute of the token grid,
 one copy; otherwise tokens are gathered into a padded layout (a block smaller than the largest is filled
 with zero features, which add nothing to S and z and whose outputs are dropped) and scattered back with an

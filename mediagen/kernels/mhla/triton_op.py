@@ -226,12 +226,6 @@ def _tokens_per_program(largest, J, dtype):
     return None if largest is None or dtype == torch.float32 else -(-largest // J)
 
 
-# One kernel launch worked out from shapes and settings (its grid, the run-time scalars that follow the tensor
-# arguments, the compile-time constants and launch options); after its first launch it calls the compiled
-# kernel directly (launch.py).
-_Launch = CachedLaunch
-
-
 def _cached(cache: dict, key, build):
     hit = cache.get(key)
     if hit is None:
@@ -243,7 +237,7 @@ def _cached(cache: dict, key, build):
 
 # ---- launch records: pure functions of shapes, strides, dtypes, options and one settings table -----------
 
-def _summary_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> _Launch:
+def _summary_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> CachedLaunch:
     B, N, H, D = shape
     fp32 = dtype == torch.float32
     rope = tstrides is not None
@@ -251,7 +245,7 @@ def _summary_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, 
                                                  _tokens_per_program(largest, J, dtype), fp32=fp32)
     X = D * D + D
     al = _stride_unit_of(k_stride, v_stride)
-    return _Launch(
+    return CachedLaunch(
         (B * H, M * J, _cdiv(D, TILE)),
         (*_row_strides_of(k_stride, al), *_row_strides_of(v_stride, al), *(tstrides or (0, 0, 0, 0)),
          H, M * J, J, D, X),
@@ -279,7 +273,7 @@ def _mix_launch(settings, a_shape, a_stride, src_shape, src_dtype, J, ieee, tran
         sms = _num_sms(device.index or 0) if device.type == "cuda" else 1
         column_programs = _cdiv(c.per_sm * sms, B * H * row_tiles)
     P = min(column_programs, col_tiles)
-    launch = _Launch(
+    launch = CachedLaunch(
         (B * H, P, row_tiles), (sah, sai, saj, H, M, K, J, P, X),
         dict(BM=BM, BK=BK, BX=BX, ONE_K=one_k, IEEE=ieee, LOWP=_lowp("mix", src_dtype, settings) and not ieee,
              num_warps=c.warps, num_stages=c.stages))
@@ -287,10 +281,10 @@ def _mix_launch(settings, a_shape, a_stride, src_shape, src_dtype, J, ieee, tran
 
 
 class _MixGradLaunch(NamedTuple):
-    products: _Launch
+    products: CachedLaunch
     part_shape: tuple
     torch_sum: Optional[tuple]  # the part axes summed by torch, or None: part_sum_kernel adds them
-    sum_launch: Optional[_Launch]
+    sum_launch: Optional[CachedLaunch]
     out_shape: tuple
 
 
@@ -300,19 +294,19 @@ def _mix_grad_launch(settings, shape, per_head, ieee) -> _MixGradLaunch:
     XT = c.XT
     NT = _cdiv(X, XT)
     BM = min(64, max(16, _next_pow2(M)))
-    products = _Launch((B * H, NT, _cdiv(M, BM) ** 2), (M, X, NT, XT),
+    products = CachedLaunch((B * H, NT, _cdiv(M, BM) ** 2), (M, X, NT, XT),
                        dict(BM=BM, BK=c.BK, IEEE=ieee, num_warps=c.warps, num_stages=c.stages))
     groups, rows, heads = (B, NT, H) if per_head else (1, B * H * NT, 1)
     grid = (_cdiv(M * M, c.BY), heads)
     out_shape = (H, M, M) if per_head else (M, M)
     if c.sum == "torch" or (c.sum == "auto" and grid[0] * heads < c.sum_programs):
         return _MixGradLaunch(products, (B, H, NT, M, M), (0, 2) if per_head else (0, 1, 2), None, out_shape)
-    total = _Launch(grid, (groups, rows, H * NT, NT if per_head else 0, M * M), dict(BR=c.BR, BY=c.BY))
+    total = CachedLaunch(grid, (groups, rows, H * NT, NT if per_head else 0, M * M), dict(BR=c.BR, BY=c.BY))
     return _MixGradLaunch(products, (B, H, NT, M, M), None, total, out_shape)
 
 
 def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, eps, scale, fcode,
-                  fp32_out=False) -> _Launch:
+                  fp32_out=False) -> CachedLaunch:
     """``fp32_out``: o in fp32 from fp32 products of fp32 copies (tf32 on the GPU) whatever the input dtype,
     with the fp32 tiles (for the backward, ``_query_grad_launch``)."""
     B, N, H, D = shape
@@ -321,7 +315,7 @@ def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, e
     BD, TILE, BT, warps, stages = _chunked_tiles(settings["apply"], D, rope and fp32, fp32=fp32)
     o_stride = _contiguous(shape)
     al = _stride_unit_of(q_stride, o_stride)
-    return _Launch(
+    return CachedLaunch(
         (B * H, M * J, _cdiv(D, TILE)),
         (*_row_strides_of(q_stride, al), *_row_strides_of(o_stride, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D,
          D * D + D, eps, scale),
@@ -330,7 +324,7 @@ def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, e
              PREFETCH=settings["apply"].prefetch, num_warps=warps, num_stages=stages))
 
 
-def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode) -> _Launch:
+def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode) -> CachedLaunch:
     """``strides``: those of q, k, v."""
     B, N, H, D = shape
     rope = tstrides is not None
@@ -340,7 +334,7 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
     o_stride = _contiguous(shape)
     al = _stride_unit_of(*strides, o_stride)
     rows = tuple(s for st in (*strides, o_stride) for s in _row_strides_of(st, al))
-    return _Launch(
+    return CachedLaunch(
         (B * H, _cdiv(N, tiles["BT"])),
         (*rows, *(tstrides or (0, 0, 0, 0)), N, H, D, M, M * M if per_head else 0, eps, scale),
         dict(**tiles, BM=max(16, _next_pow2(M)), ONEHOT=settings["dense"].onehot and M <= 128, FEATURE=fcode,
@@ -349,8 +343,8 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
 
 
 class _QueryGradLaunch(NamedTuple):
-    main: _Launch
-    o_fp32: Optional[_Launch]  # an apply that makes o again in fp32 first, or None: the forward's o serves
+    main: CachedLaunch
+    o_fp32: Optional[CachedLaunch]  # an apply that makes o again in fp32 first, or None: the forward's o serves
 
 
 def _query_grad_launch(settings, shape, dtype, q_stride, g_stride, tstrides, M, J, normalize, eps, scale,
@@ -370,7 +364,7 @@ def _query_grad_launch(settings, shape, dtype, q_stride, g_stride, tstrides, M, 
                                fp32_out=True)
     own = _contiguous(shape)  # o and dq
     al = _stride_unit_of(q_stride, g_stride, own)
-    return _QueryGradLaunch(_Launch(
+    return _QueryGradLaunch(CachedLaunch(
         (B * H, M * J, _cdiv(D, TILE)),
         (*_row_strides_of(q_stride, al), *_row_strides_of(g_stride, al), *_row_strides_of(own, al),
          *_row_strides_of(own, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D, D * D + D, eps, scale),
@@ -379,7 +373,7 @@ def _query_grad_launch(settings, shape, dtype, q_stride, g_stride, tstrides, M, 
              num_warps=warps, num_stages=stages)), o_fp32)
 
 
-def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> _Launch:
+def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J, fcode, largest) -> CachedLaunch:
     B, N, H, D = shape
     fp32 = dtype == torch.float32
     rope = tstrides is not None
@@ -387,7 +381,7 @@ def _key_grad_launch(settings, shape, dtype, k_stride, v_stride, tstrides, M, J,
                                                  _tokens_per_program(largest, J, dtype), fp32=fp32)
     own = _contiguous(shape)  # dk and dv
     al = _stride_unit_of(k_stride, v_stride, own)
-    return _Launch(
+    return CachedLaunch(
         (B * H, M * J, _cdiv(D, TILE)),
         (*_row_strides_of(k_stride, al), *_row_strides_of(v_stride, al), *_row_strides_of(own, al),
          *_row_strides_of(own, al), *(tstrides or (0, 0, 0, 0)), H, M, J, D, D * D + D),
