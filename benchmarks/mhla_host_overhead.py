@@ -207,7 +207,7 @@ class _TimedKernel:
 def _direct_us(kernel, compiled, grid, args, kwargs, calls=200):
     """Host us per direct launch of ``compiled`` (every parameter in the kernel's order, constexprs included,
     as Triton's dispatch hands them to the launcher), the GPU held busy so that no launch waits."""
-    ordered = (*args, *(kwargs[name] for name in kernel.arg_names[len(args):]))
+    ordered = (*args, *launch._argument_tail(kernel, len(args), kwargs))  # as the op's direct launches order them
     grid3 = (*grid, *(1,) * (3 - len(grid)))
     run = compiled[grid3]
     run(*ordered)

@@ -76,7 +76,7 @@ def time_sampling(pipe, device, steps, guidance, batch, repeats=5) -> list[float
 
 
 def main(argv=None) -> int:
-    from mediagen.pipelines import build_pipeline
+    from mediagen.pipelines import RUNTIMES, build_pipeline
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("pipelines", nargs="+")
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--time-batch", type=int, default=1)
     p.add_argument("--no-grid", action="store_true", help="only time sampling")
-    p.add_argument("--runtime", default="eager", choices=["eager", "compile", "cuda-graphs"],
+    p.add_argument("--runtime", default="eager", choices=RUNTIMES,
                    help="how the denoising loop runs the transformer (the pipelines' set_runtime)")
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
