@@ -328,6 +328,23 @@ def test_compiles_without_graph_breaks(device):
     assert mix.grad is not None and torch.isfinite(mix.grad).all()
 
 
+def test_split_choice_traces_without_graph_breaks(monkeypatch):
+    """On a GPU the traced op chooses its token splits from the launch settings, which live in a ContextVar
+    that Dynamo in torch 2.11 cannot read (2.14 can): the choice must trace in one graph there too (it broke
+    the graph at every compiled MHLA layer) and equal the eager choice. A stand-in SM count lets the CUDA branch run on any machine."""
+    monkeypatch.setattr(triton_op, "_num_sms", torch.compiler.assume_constant_result(lambda index: 132))
+    cuda = torch.device("cuda", 0)
+    cases = [(1, 2, 4, 1024, 64), (2, 6, 16, 64, 64), (8, 16, 16, 16, 72), (1, 1, 1, 4096, 128)]
+
+    def scaled(x):
+        return [x * triton_op.choose_splits(B, H, M, largest, D, cuda) for B, H, M, largest, D in cases]
+
+    got = torch.compile(scaled, fullgraph=True, backend="eager")(torch.ones(()))
+    want = [triton_op.choose_splits(B, H, M, largest, D, cuda) for B, H, M, largest, D in cases]
+    assert [int(g) for g in got] == want
+    assert max(want) > 1  # a case with splits, so the settings' token step decided something
+
+
 @pytest.mark.skipif(not ON_GPU, reason="real sizes need a GPU")
 @pytest.mark.parametrize("B,grid,H,D,blocks", [
     (8, (16, 16), 16, 72, (4, 4)),

@@ -128,6 +128,16 @@ def _config(name: str, D: int, fp32_rope: bool = False, tokens: Optional[int] = 
     return _chunked_tiles(kernel_settings(name), D, fp32_rope, tokens, fp32)
 
 
+@torch.compiler.assume_constant_result
+def _apply_program_shape(D: int) -> tuple[int, int]:
+    """(column tiles per block and head, tokens per step) of the apply kernel at head dim D under the settings in
+    force. Traced code (torch.compile) calls it once and keeps the result: the settings live in a ContextVar,
+    which Dynamo in torch 2.11 cannot read, and a read in traced code broke the graph at every MHLA layer
+    (eight graphs and 43 CUDA-graph launches per forward of the video model under torch 2.11)."""
+    BD, TILE, BT, _, _ = _config("apply", D)
+    return BD // TILE, BT
+
+
 def choose_splits(B, H, M, largest_block, D, device) -> int:
     """Token splits per block, only when the chunked kernels would launch fewer programs than
     there are SMs (few heads and blocks, e.g. global linear attention): on the H200 the sweep
@@ -137,8 +147,8 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
         return max(1, int(forced))
     if device.type != "cuda":
         return 1
-    BD, TILE, BT, _, _ = _config("apply", D)
-    programs = B * H * M * (BD // TILE)
+    columns, BT = _apply_program_shape(D)
+    programs = B * H * M * columns
     want = math.ceil(_num_sms(device.index or 0) / programs)
     return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
