@@ -254,6 +254,30 @@ def test_short_path_follows_parameter_changes():
         torch.testing.assert_close(m(x.float()), m._forward_long(x.float()), rtol=1e-5, atol=1e-5)
 
 
+def test_short_path_follows_swapped_parameters_and_submodules():
+    """The cached weights also follow a parameter or a submodule replaced by one made before the cache
+    (no new tensor is created then, and nothing changes in place), and copies of the layer rebuild theirs."""
+    import copy
+
+    m = make_random(2, torch.float64)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    other = torch.nn.Linear(m.q_down.in_features, m.q_down.out_features, bias=False, dtype=torch.float64)
+    bias = torch.nn.Parameter(torch.randn_like(m.q_up.bias))
+    with torch.no_grad():
+        m(x)
+        m.q_down = other
+        torch.testing.assert_close(m(x), m._forward_long(x), rtol=1e-10, atol=1e-10)
+        m.q_up.bias = bias
+        torch.testing.assert_close(m(x), m._forward_long(x), rtol=1e-10, atol=1e-10)
+        m.float()   # a cast there and back without a call between: fp64 weights rounded through fp32
+        m.double()
+        torch.testing.assert_close(m(x), m._forward_long(x), rtol=1e-10, atol=1e-10)
+        twin = copy.deepcopy(m)
+        twin.kv_norms[1].weight.mul_(3.0)
+        torch.testing.assert_close(twin(x), twin._forward_long(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(m(x), m._forward_long(x), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("branches", [2, 4])
 def test_short_path_in_bfloat16(branches):
     m = make_random(branches, torch.bfloat16).eval()

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..kernels.latent_decode import decode_prepare, latent_decode
 from .cache import DecodeCache
-from .derived import DerivedWeights, arange_rope_tables
+from .derived import DerivedWeights, arange_rope_views
 from .masks import sdpa_mask
 from .rope import apply_rope_tables, rope_tables
 
@@ -206,21 +206,23 @@ class MLRAttention(nn.Module):
         w = self._short_weights.get(self)
         dq, dc, dr, dl = self.q_latent, self.kv_latent, self.rope_dim, self.latent_dim
         hq = LATENT_HEADS * self.heads_per_latent
+        # cos = [1 (d_l) | cos_full], sin = [0 (d_l) | sin_signed]: leave c_l's columns as they are
         if positions is None:
-            cos, sin = arange_rope_tables(n, dr, self.rope_base, x.device, x.dtype, lead=dl)
+            _, _, cos_k, sin_k, cos_q, sin_q = arange_rope_views(n, dr, self.rope_base, x.device, x.dtype, lead=dl)
         else:
             cos, sin = rope_tables(positions, dr, self.rope_base, dtype=x.dtype)
-            cos, sin = torch.cat([cos.new_ones(n, dl), cos], -1), torch.cat([sin.new_zeros(n, dl), sin], -1)
-        # cos = [1 (d_l) | cos_full], sin = [0 (d_l) | sin_signed]: leave c_l's columns as they are
-        h = F.linear(x, w["in"])                                       # [c_q | c | k_r | swap(k_r)]
-        k_rope = torch.addcmul(h[..., dq + dc:dq + dc + dr] * cos[:, dl:], h[..., dq + dc + dr:], sin[:, dl:])
-        c_q = F.rms_norm(h[..., :dq], (dq,), eps=self.q_norm.eps)
-        c = F.rms_norm(h[..., dq:dq + dc].unflatten(-1, (LATENT_HEADS, dl)), (dl,), eps=self.kv_norms[0].eps)
+            cos_k, sin_k = cos, sin
+            cos_q = torch.cat([cos.new_ones(n, dl), cos], -1)[:, None]
+            sin_q = torch.cat([sin.new_zeros(n, dl), sin], -1)[:, None]
+        c_q, c, k_r, k_r_swapped = F.linear(x, w["in"]).split([dq, dc, dr, dr], dim=-1)
+        k_rope = torch.addcmul(k_r * cos_k, k_r_swapped, sin_k)
+        c_q = F.rms_norm(c_q, (dq,), eps=self.q_norm.eps)
+        c = F.rms_norm(c.unflatten(-1, (LATENT_HEADS, dl)), (dl,), eps=self.kv_norms[0].eps)
         q = F.linear(c_q, w["q"], w["q_bias"]).unflatten(-1, (hq, dl + 2 * dr))   # [q~ | q_r | swap(q_r)]
         # [q~ | rope(q_r)] = [q~ | q_r] * cos + [anything | swap(q_r)] * sin: sin is 0 on q~'s columns,
         # so the slice that starts d_r columns in supplies swap(q_r) where it is needed and nothing else
-        q = torch.addcmul(q[..., :dl + dr] * cos[:, None], q[..., dr:], sin[:, None])
-        k = torch.cat([c, k_rope[:, :, None].expand(b, n, LATENT_HEADS, dr)], dim=-1)   # (B, N, 4, d_l + d_r)
+        q = torch.addcmul(q[..., :dl + dr] * cos_q, q[..., dr:], sin_q)
+        k = torch.cat([c, k_rope.unsqueeze(2).expand(b, n, LATENT_HEADS, dr)], dim=-1)  # (B, N, 4, d_l + d_r)
         mask, is_causal = sdpa_mask(attention_mask, n, self.causal, x.device)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if mask is None:
