@@ -214,6 +214,22 @@ def test_model_info_reads_the_card(tmp_path):
     assert "card.json unreadable" in models.model_info(m, "image", "sdpa")
 
 
+def test_encoder_info_says_what_each_text_encoder_is(tmp_path):
+    import json
+
+    _checkpoints(tmp_path, ["video-mhla"])
+    (tmp_path / "text-mlra").mkdir()
+    (tmp_path / "text-mlra" / "config.json").write_text("{}")
+    (tmp_path / "text-mlra" / "card.json").write_text(json.dumps(
+        {"trained_steps": 274, "scores": {"digit": 0.7, "direction": 1.0}, "measured_on": "120 clips"}))
+    m = models.default_models(tmp_path)
+    assert models.encoder_info(m, "FlashAttention").startswith("FlashAttention: the real all-MiniLM-L6-v2")
+    assert models.encoder_info(m, "MLRA") == ("MLRA (text-mlra): trained 274 training steps; scores: digit 0.7, "
+                                              "direction 1.0 (120 clips)")
+    assert "not distilled (minilm-hla)" in models.encoder_info(m, "HLA")   # no text-hla/ folder here
+    assert models.encoder_info(m, "T5") == ""
+
+
 # --- Compare: progress names the configuration; blank output is not rewarded; table fits ------
 
 def _fake_compare(monkeypatch, samples):

@@ -19,7 +19,7 @@ import gradio as gr
 from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
-from .models import ModelCache, ModelSet, default_models, model_info
+from .models import ModelCache, ModelSet, default_models, encoder_info, model_info
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
@@ -109,6 +109,10 @@ class MediagenApp:
         if attention not in self.offered(family):
             return ""
         return model_info(self.cache.models, family, attention)
+
+    def encoder_info(self, label) -> str:
+        """The info line of the text encoder behind ``label``, for the page."""
+        return encoder_info(self.cache.models, label) if isinstance(label, str) else ""
 
     # --- time: estimated before a run, measured after it -----------------------------------
     def _timed(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float, run,

@@ -143,9 +143,13 @@ def model_info(models: "ModelSet", family: str, attention: str) -> str:
     if attention not in src.trained:
         source = "converted from the sdpa checkpoint" if "sdpa" in src.trained else "random weights"
         return f"{name}: untrained ({source}), outputs are not meaningful; scores: not measured"
-    card = read_card(src.trained[attention])
+    return f"{name}: {_card_summary(read_card(src.trained[attention]))}"
+
+
+def _card_summary(card: dict) -> str:
+    """What a model card says, as the info lines show it: "trained ...; scores: ...; note"."""
     if "error" in card:
-        return f"{name}: trained; {card['error']}; scores: not measured"
+        return f"trained; {card['error']}; scores: not measured"
     parts = []
     if "trained_steps" in card:
         parts.append(f"{_count(card['trained_steps'])} training steps")
@@ -161,7 +165,23 @@ def model_info(models: "ModelSet", family: str, attention: str) -> str:
     else:
         measured = "; scores: not measured"
     note = f"; {card['note']}" if card.get("note") else ""
-    return f"{name}: {trained}{measured}{note}"
+    return f"{trained}{measured}{note}"
+
+
+def encoder_info(models: "ModelSet", label: str) -> str:
+    """One line saying what the text encoder behind ``label`` is: the real MiniLM, a distilled encoder
+    (its folder's card.json: distillation steps, scores), or MiniLM's weights in other attention layers
+    without distillation, which the video models cannot read as they were trained to."""
+    name = models.text_encoders.get(label)
+    if name is None:
+        return ""
+    if name == "minilm":
+        return (f"{label}: the real all-MiniLM-L6-v2, softmax attention through SDPA; the video models were "
+                "trained on its token states")
+    if not (Path(name) / "config.json").is_file():
+        return (f"{label}: all-MiniLM-L6-v2's weights in {label} attention layers, not distilled ({name}): the "
+                "video models do not read its states as they were trained to; scores: not measured")
+    return f"{label} ({Path(name).name}): {_card_summary(read_card(name))}"
 
 
 def describe_models(models: "ModelSet") -> str:

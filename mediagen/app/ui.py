@@ -82,6 +82,7 @@ def _image_tab(app: MediagenApp, d: dict):
             attention, info = _attention_radio(app, d, "image")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)",
                                visible=False)
+            encoder_note = gr.Markdown(app.encoder_info(d["text_encoders"][0]), visible=False)
             with gr.Row():
                 batch = RawNumber(value=min(2, lim.max_batch), precision=0, label=f"batch (1–{lim.max_batch})")
                 height, width = _size_controls(d, ", prompt mode")
@@ -99,10 +100,11 @@ def _image_tab(app: MediagenApp, d: dict):
         value = _first_choice(mode_value, offered)  # another mode draws with another model
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
-                *(gr.update(visible=prompt_mode) for _ in range(5)))
+                *(gr.update(visible=prompt_mode) for _ in range(6)))
 
-    mode.change(on_mode, [mode], [attention, info, class_label, prompt, negative, encoder, height, width],
-                api_name=False)
+    mode.change(on_mode, [mode], [attention, info, class_label, prompt, negative, encoder, encoder_note, height,
+                                  width], api_name=False)
+    encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     attention.change(lambda m, a: app.info("image" if m == "class" else "video", a), [mode, attention], info,
                      api_name=False)
     run.click(app.image, [mode, class_label, prompt, negative, attention, encoder, batch, seed, steps, guidance,
@@ -117,6 +119,7 @@ def _video_tab(app: MediagenApp, d: dict):
             negative = gr.Textbox(value="", label="negative prompt")
             attention, info = _attention_radio(app, d, "video")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
+            encoder_note = gr.Markdown(app.encoder_info(d["text_encoders"][0]))
             with gr.Row():
                 frames = RawNumber(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")
                 height, width = _size_controls(d)
@@ -129,6 +132,7 @@ def _video_tab(app: MediagenApp, d: dict):
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
     attention.change(lambda a: app.info("video", a), attention, info, api_name=False)
+    encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance,
                           runtime], [video, downloads, timings], api_name="generate_video")
 
