@@ -1,7 +1,7 @@
 """Sample the text-to-video grid a semantic score needs, and time sampling, for one or more pipelines.
 
     python -m benchmarks.video_samples PIPELINE [PIPELINE ...] --out DIR [--seeds 0 1 2] [--steps 8]
-        [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1] [--runtime eager]
+        [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1] [--runtime eager] [--text-encoder NAME]
 
 For each pipeline folder writes DIR/<name>.npz with ``videos`` uint8 (N, F, H, W), ``prompts`` and
 ``seeds``: every digit 0-9 x every direction x every seed, the caption the model was trained on
@@ -24,6 +24,10 @@ import torch
 DIRECTIONS = ("left", "right", "up", "down")
 
 
+# token states per prompt, as the pipelines and the app read prompts (TextToVideoPipeline.encode_prompt)
+TEXT_LENGTH = 64
+
+
 def grid_prompts() -> list[str]:
     return [f"the digit {d} moves {m}" for d in range(10) for m in DIRECTIONS]
 
@@ -33,13 +37,17 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def sample_grid(pipe, seeds, steps, guidance, batch=40):
+def sample_grid(pipe, seeds, steps, guidance, batch=40, embed=None):
+    """The grid's clips; ``embed`` (prompts -> token states): read the prompts with it instead of the
+    pipeline's own text encoder (the negative prompt "" too), with the same noise."""
     prompts, clips, seed_of = grid_prompts(), [], []
     for seed in seeds:
         for start in range(0, len(prompts), batch):
             chunk = prompts[start:start + batch]
             g = torch.Generator("cpu").manual_seed(seed * 1000 + start)
-            out = pipe(prompt=chunk, num_inference_steps=steps, guidance_scale=guidance, generator=g,
+            text = (dict(prompt=chunk) if embed is None else
+                    dict(prompt_embeds=embed(chunk), negative_prompt_embeds=embed([""] * len(chunk))))
+            out = pipe(**text, num_inference_steps=steps, guidance_scale=guidance, generator=g,
                        output_type="np").frames
             v = np.asarray(out, np.float32)                      # (B, F, H, W, C) in [0, 1]
             clips.append((np.clip(v.mean(-1), 0, 1) * 255 + 0.5).astype(np.uint8))
@@ -90,23 +98,39 @@ def main(argv=None) -> int:
     p.add_argument("--no-grid", action="store_true", help="only time sampling")
     p.add_argument("--runtime", default="eager", choices=RUNTIMES,
                    help="how the denoising loop runs the transformer (the pipelines' set_runtime)")
+    p.add_argument("--text-encoder", default=None,
+                   help="read the grid's prompts with this text encoder (a load_text_encoder name or folder, "
+                        "e.g. mediagen/checkpoints/text-mlra) instead of the pipeline's own; writes "
+                        "DIR/<name>-<encoder>.npz and no stills")
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {}
+    embed = None
+    if args.text_encoder:
+        from mediagen.text.encoders import load_text_encoder
+
+        encoder = load_text_encoder(args.text_encoder, device=args.device)
+
+        def embed(prompts):
+            with torch.no_grad():
+                return encoder.encode(prompts, max_length=TEXT_LENGTH, padding="max_length")[0]
     for folder in args.pipelines:
         name = Path(folder).name
         pipe = build_pipeline(folder, device=args.device, dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
         pipe.set_runtime(args.runtime)
+        if embed is not None:
+            name = f"{name}-{Path(args.text_encoder).name}"
         if not args.no_grid:
             t0 = time.perf_counter()
-            videos, prompts, seeds = sample_grid(pipe, args.seeds, args.steps, args.guidance)
+            videos, prompts, seeds = sample_grid(pipe, args.seeds, args.steps, args.guidance, embed=embed)
             np.savez_compressed(out / f"{name}.npz", videos=videos, prompts=np.array(prompts), seeds=np.array(seeds))
             print(f"{name}: {len(videos)} clips in {time.perf_counter() - t0:.1f} s -> {out / (name + '.npz')}")
-            stills, still_prompts = sample_stills(pipe, args.seeds, args.steps, args.guidance, videos.shape[1])
-            np.savez_compressed(out / f"{name}-stills.npz", videos=stills, prompts=np.array(still_prompts))
+            if embed is None:
+                stills, still_prompts = sample_stills(pipe, args.seeds, args.steps, args.guidance, videos.shape[1])
+                np.savez_compressed(out / f"{name}-stills.npz", videos=stills, prompts=np.array(still_prompts))
         times = time_sampling(pipe, args.device, args.steps, args.guidance, args.time_batch)
         report[name] = {"median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),
                         "batch": args.time_batch, "steps": args.steps, "guidance": args.guidance,
