@@ -97,10 +97,10 @@ def arange_rope_tables(n: int, dim: int, base: float, device, dtype, *, lead: in
 
 
 def arange_rope_views(n: int, dim: int, base: float, device, dtype, *, lead: int = 0):
-    """``arange_rope_tables`` (cos, sin) with the views a short path reads beside them: the rotated
-    columns alone (``[:, lead:]``, (n, dim)) and the tables with a head axis ((n, 1, lead + dim)). Kept
-    for the last few n: at prompt lengths the layer's time is the host's, and this is one call per layer
-    where slicing the tables was six."""
+    """Views of ``arange_rope_tables``' (cos, sin) for n positions as a short path reads them: the rotated
+    columns alone (``[:, lead:]``, (n, dim)) and the whole tables with a head axis ((n, 1, lead + dim)), as
+    (cos_rotated, sin_rotated, cos_heads, sin_heads). Kept for the last few n: at prompt lengths the layer's
+    time is the host's, and this is one call per layer where slicing the tables was six."""
     if torch.compiler.is_compiling():
         return _rope_views(n, dim, base, device, dtype, lead)
     return _cached_rope_views(int(n), dim, float(base), torch.device(device), dtype, lead)
@@ -108,7 +108,7 @@ def arange_rope_views(n: int, dim: int, base: float, device, dtype, *, lead: int
 
 def _rope_views(n, dim, base, device, dtype, lead):
     cos, sin = arange_rope_tables(n, dim, base, device, dtype, lead=lead)
-    return cos, sin, cos[:, lead:], sin[:, lead:], cos[:, None], sin[:, None]
+    return cos[:, lead:], sin[:, lead:], cos[:, None], sin[:, None]
 
 
 @lru_cache(maxsize=8)

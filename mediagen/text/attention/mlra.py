@@ -208,7 +208,7 @@ class MLRAttention(nn.Module):
         hq = LATENT_HEADS * self.heads_per_latent
         # cos = [1 (d_l) | cos_full], sin = [0 (d_l) | sin_signed]: leave c_l's columns as they are
         if positions is None:
-            _, _, cos_k, sin_k, cos_q, sin_q = arange_rope_views(n, dr, self.rope_base, x.device, x.dtype, lead=dl)
+            cos_k, sin_k, cos_q, sin_q = arange_rope_views(n, dr, self.rope_base, x.device, x.dtype, lead=dl)
         else:
             cos, sin = rope_tables(positions, dr, self.rope_base, dtype=x.dtype)
             cos_k, sin_k = cos, sin
