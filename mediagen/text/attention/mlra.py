@@ -18,7 +18,9 @@ and the value up-projection is applied after the latent-space weighted sum.
 Short sequences (up to ``short_max_tokens``, no cache) take the same absorbed form for the whole
 sequence (``_forward_short``): one softmax attention whose query heads are the (latent l, head) pairs
 and whose key and value heads are the 4 latent heads [c_l | rope(k_r)], so about a dozen ops instead
-of forty. In exact arithmetic it is the same function (only products are reassociated).
+of forty. In exact arithmetic it is the same function (only products are reassociated). On CUDA
+tensors without gradients its norms and rotations run as two Triton launches (``kernels.short_prepare``,
+``short_backend``), about six kernels per layer in all.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.latent_decode import decode_prepare, latent_decode
+from ..kernels.short_prepare import rope_columns, short_prepare
 from .cache import DecodeCache
 from .derived import DerivedWeights, arange_rope_views
 from .masks import sdpa_mask
@@ -100,6 +103,9 @@ class MLRAttention(nn.Module):
         self.decode_backend = "auto"
         self._absorbed = None  # (parameter versions, weights) of _absorbed_weights
         self.short_max_tokens = int(short_max_tokens)
+        # the short path's elementwise work: "torch" (the ops of _forward_short), "triton" (the kernels of
+        # kernels.short_prepare, no autograd) or "auto": triton on CUDA when no gradient is recorded
+        self.short_backend = "auto"
         self._short_weights = DerivedWeights(type(self)._build_short_weights)
         self.reset_parameters()
 
@@ -204,6 +210,8 @@ class MLRAttention(nn.Module):
         copy, one GEMM out."""
         b, n, _ = x.shape
         w = self._short_weights.get(self)
+        if self._short_kernels(x):
+            return self._forward_short_kernels(x, w, attention_mask, positions)
         dq, dc, dr, dl = self.q_latent, self.kv_latent, self.rope_dim, self.latent_dim
         hq = LATENT_HEADS * self.heads_per_latent
         # cos = [1 (d_l) | cos_full], sin = [0 (d_l) | sin_signed]: leave c_l's columns as they are
@@ -232,6 +240,46 @@ class MLRAttention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.attn_scale)
         o = o.transpose(1, 2)[..., :dl].reshape(b, n, hq * dl)
         return F.linear(o, w["out"], self.out_proj.bias)
+
+    def _short_kernels(self, x) -> bool:
+        """Whether the short path runs on the kernels of ``kernels.short_prepare`` (``short_backend``)."""
+        backend = self.short_backend
+        if backend == "auto":
+            if not x.is_cuda or torch.compiler.is_compiling() or not self.rope_dim:
+                return False  # compiled, the torch ops below fuse anyway
+            return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"short_backend={backend!r} is not allowed: use 'auto', 'torch' or 'triton'")
+        if backend == "triton" and not self.rope_dim:
+            raise ValueError("short_backend='triton' needs a rope part; this layer has rope_dim=0")
+        return backend == "triton"
+
+    def _forward_short_kernels(self, x, w, attention_mask, positions):
+        """``_forward_short`` with its elementwise work in two launches, for inference: the norms, the rope
+        key's rotation and the keys' concatenation in one (``short_prepare``), the rope query's rotation in
+        place in the other (``rope_columns``); the query GEMM leaves out the swapped rope rows the torch
+        ops need, and the output GEMM reads the attention output as SDPA wrote it, its rope columns met
+        by zero weights, where the torch ops copy the latent columns out first. No autograd: the rotation
+        is in place."""
+        b, n, _ = x.shape
+        dq, dr, dl = self.q_latent, self.rope_dim, self.latent_dim
+        hq = LATENT_HEADS * self.heads_per_latent
+        if positions is None:
+            cos, sin, _, _ = arange_rope_views(n, dr, self.rope_base, x.device, x.dtype, lead=dl)
+        else:
+            cos, sin = rope_tables(positions, dr, self.rope_base, dtype=x.dtype)
+        c_q, k = short_prepare(F.linear(x, w["in_kernels"]), dq, LATENT_HEADS, dl, cos, sin,
+                               eps_q=self.q_norm.eps, eps_kv=self.kv_norms[0].eps, backend="triton")
+        q = rope_columns(F.linear(c_q, w["q_kernels"], w["q_bias_kernels"]).unflatten(-1, (hq, dl + dr)), dl,
+                         cos, sin, backend="triton")
+        mask, is_causal = sdpa_mask(attention_mask, n, self.causal, x.device)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        if mask is None:
+            o = F.scaled_dot_product_attention(q, k, k, is_causal=is_causal, scale=self.attn_scale, enable_gqa=True)
+        else:
+            k = k.repeat_interleave(self.heads_per_latent, dim=1)
+            o = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.attn_scale)
+        return F.linear(o.transpose(1, 2).reshape(b, n, hq * (dl + dr)), w["out_kernels"], self.out_proj.bias)
 
     def _build_short_weights(self) -> dict[str, torch.Tensor]:
         """The short path's weights (differentiable in the parameters). With head(l, r) the head that
@@ -262,8 +310,19 @@ class MLRAttention(nn.Module):
         w_o = self.out_proj.weight.to(acc).unflatten(1, (self.heads, dh))[:, heads]       # (d, 4, hp, d_h)
         out = torch.einsum("clre,ldre->clrd", w_o, w_v) * (latent_w[None, :, None, :] * self.branch_scale)
         kv = self.kv_down.weight
-        return {"in": torch.cat([self.q_down.weight, kv, kv[dc:][swap]]), "q": w_q.to(dtype), "q_bias": q_bias,
-                "out": out.flatten(1).to(dtype)}
+        # the kernels' forms (_forward_short_kernels): the query without the swapped rope rows, the output
+        # with zero columns where the attention output holds its rope columns
+        per_pair = w_q.unflatten(0, (-1, w_q.shape[0] // (LATENT_HEADS * w_uq.shape[1])))
+        out = out.flatten(1)
+        out_padded = torch.cat([out.unflatten(1, (-1, self.latent_dim)),
+                                out.new_zeros(out.shape[0], out.shape[1] // self.latent_dim, dr)], -1)
+        w_in = torch.cat([self.q_down.weight, kv, kv[dc:][swap]])
+        unswapped = self.latent_dim + dr
+        q_bias_kernels = None if q_bias is None else q_bias.unflatten(0, (-1, per_pair.shape[1]))[:, :unswapped]
+        return {"in": w_in, "q": w_q.to(dtype), "q_bias": q_bias, "out": out.to(dtype),
+                "in_kernels": w_in[:w_in.shape[0] - dr], "q_kernels": per_pair[:, :unswapped].flatten(0, 1).to(dtype),
+                "q_bias_kernels": None if q_bias is None else q_bias_kernels.flatten(),
+                "out_kernels": out_padded.flatten(1).to(dtype)}
 
     def _attend(self, q, k, v, mask, is_causal):
         # scale is explicit because the rope dims are included. V is zero-padded to the q/k width:
