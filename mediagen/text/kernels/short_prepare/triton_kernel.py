@@ -28,17 +28,17 @@ def short_prepare_kernel(Hs, COS, SIN, CQ, K,
     part = tl.program_id(1)
     row = Hs + m * shm
     if part == 0:
-        j = tl.arange(0, BQ)
-        x = tl.load(row + j * shx, mask=j < DQ, other=0.0).to(tl.float32)
-        inv = tl.rsqrt(tl.sum(x * x, axis=0) / DQ + eps_q)
-        tl.store(CQ + m * scm + j, (x * inv).to(CQ.dtype.element_ty), mask=j < DQ)
+        jq = tl.arange(0, BQ)
+        xq = tl.load(row + jq * shx, mask=jq < DQ, other=0.0).to(tl.float32)
+        inv_q = tl.rsqrt(tl.sum(xq * xq, axis=0) / DQ + eps_q)
+        tl.store(CQ + m * scm + jq, (xq * inv_q).to(CQ.dtype.element_ty), mask=jq < DQ)
     else:
         lat = part - 1
         dst = K + m * skm + lat * skl
-        j = tl.arange(0, BL)
-        x = tl.load(row + (DQ + lat * DL + j) * shx, mask=j < DL, other=0.0).to(tl.float32)
-        inv = tl.rsqrt(tl.sum(x * x, axis=0) / DL + eps_kv)
-        tl.store(dst + j * skx, (x * inv).to(K.dtype.element_ty), mask=j < DL)
+        jl = tl.arange(0, BL)
+        xl = tl.load(row + (DQ + lat * DL + jl) * shx, mask=jl < DL, other=0.0).to(tl.float32)
+        inv_l = tl.rsqrt(tl.sum(xl * xl, axis=0) / DL + eps_kv)
+        tl.store(dst + jl * skx, (xl * inv_l).to(K.dtype.element_ty), mask=jl < DL)
         n = m % N
         L = (tl.num_programs(1) - 1).to(tl.int64)
         e = tl.arange(0, BE)
