@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from ..backends import BACKENDS, check_backend
 from .prepare_reference import decode_prepare_reference
 from .reference import latent_decode_reference
 
@@ -22,8 +23,7 @@ try:
 except ImportError:  # pragma: no cover - platform without triton
     latent_decode_triton = decode_prepare_triton = None
 
-DECODE_BACKENDS = ("reference", "triton")
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DECODE_BACKENDS = BACKENDS
 
 
 def _check(q_lat, q_rope, latents, rope_keys, rope_rotation):
@@ -56,15 +56,7 @@ def _check(q_lat, q_rope, latents, rope_keys, rope_rotation):
 
 
 def _backend(backend, dtype, kernel):
-    backend = backend or os.environ.get("MEDIAGEN_DECODE_BACKEND") or "reference"
-    if backend not in DECODE_BACKENDS:
-        raise ValueError(f"backend={backend!r} is not allowed: use one of {DECODE_BACKENDS}")
-    if backend == "triton":
-        if kernel is None:
-            raise ValueError("backend='triton' needs the triton package, which is not installed here")
-        if dtype not in _DTYPES:
-            raise ValueError(f"backend='triton' takes {', '.join(map(str, _DTYPES))}; got {dtype}")
-    return backend
+    return check_backend(backend or os.environ.get("MEDIAGEN_DECODE_BACKEND") or "reference", dtype, kernel)
 
 
 def latent_decode(q_lat, q_rope, latents, rope_keys, scale: float, *, backend: str | None = None,

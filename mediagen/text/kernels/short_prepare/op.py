@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backends import BACKENDS, check_backend
 from .reference import rope_columns_reference, short_prepare_reference
 
 try:
@@ -16,19 +17,7 @@ try:
 except ImportError:  # pragma: no cover - platform without triton
     rope_columns_triton = short_prepare_triton = None
 
-SHORT_BACKENDS = ("reference", "triton")
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _backend(backend: str, dtype, kernel) -> str:
-    if backend not in SHORT_BACKENDS:
-        raise ValueError(f"backend={backend!r} is not allowed: use one of {SHORT_BACKENDS}")
-    if backend == "triton":
-        if kernel is None:
-            raise ValueError("backend='triton' needs the triton package, which is not installed here")
-        if dtype not in _DTYPES:
-            raise ValueError(f"backend='triton' takes {', '.join(map(str, _DTYPES))}; got {dtype}")
-    return backend
+SHORT_BACKENDS = BACKENDS
 
 
 def _check_tables(cos, sin, n: int, like: torch.Tensor):
@@ -50,7 +39,7 @@ def short_prepare(h, d_q: int, latents: int, d_l: int, cos, sin, *, eps_q: float
     if h.shape[-1] != d_q + latents * d_l + d_r:
         raise ValueError(f"h has {h.shape[-1]} columns; d_q + L d_l + d_r = {d_q} + {latents}*{d_l} + {d_r} needs "
                          f"{d_q + latents * d_l + d_r}")
-    if _backend(backend, h.dtype, short_prepare_triton) == "reference":
+    if check_backend(backend, h.dtype, short_prepare_triton) == "reference":
         return short_prepare_reference(h, d_q, latents, d_l, cos, sin, eps_q, eps_kv)
     return short_prepare_triton(h, d_q, latents, d_l, cos, sin, eps_q, eps_kv)
 
@@ -63,7 +52,7 @@ def rope_columns(q, start: int, cos, sin, *, backend: str = "reference"):
     _check_tables(cos, sin, q.shape[1], q)
     if not 0 <= start <= q.shape[-1] - cos.shape[-1]:
         raise ValueError(f"start={start} is not allowed: the rope columns must fit in W={q.shape[-1]}")
-    if _backend(backend, q.dtype, rope_columns_triton) == "reference":
+    if check_backend(backend, q.dtype, rope_columns_triton) == "reference":
         return rope_columns_reference(q, start, cos, sin)
     if q.shape[0] > 1 and q.stride(0) != q.shape[1] * q.stride(1):
         raise ValueError(f"backend='triton' rotates q in place and needs its batch and token axes to merge; got "
