@@ -231,13 +231,7 @@ class MLRAttention(nn.Module):
         # so the slice that starts d_r columns in supplies swap(q_r) where it is needed and nothing else
         q = torch.addcmul(q[..., :dl + dr] * cos_q, q[..., dr:], sin_q)
         k = torch.cat([c, k_rope.unsqueeze(2).expand(b, n, LATENT_HEADS, dr)], dim=-1)  # (B, N, 4, d_l + d_r)
-        mask, is_causal = sdpa_mask(attention_mask, n, self.causal, x.device)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        if mask is None:
-            o = F.scaled_dot_product_attention(q, k, k, is_causal=is_causal, scale=self.attn_scale, enable_gqa=True)
-        else:  # flash takes no mask, and not every kernel that does takes grouped heads: repeat them
-            k = k.repeat_interleave(self.heads_per_latent, dim=1)
-            o = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.attn_scale)
+        o = self._short_attention(q, k, attention_mask)
         o = o.transpose(1, 2)[..., :dl].reshape(b, n, hq * dl)
         return F.linear(o, w["out"], self.out_proj.bias)
 
@@ -247,7 +241,8 @@ class MLRAttention(nn.Module):
         if backend == "auto":
             if not x.is_cuda or torch.compiler.is_compiling() or not self.rope_dim:
                 return False  # compiled, the torch ops below fuse anyway
-            return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+            recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+            return not recording
         if backend not in ("torch", "triton"):
             raise ValueError(f"short_backend={backend!r} is not allowed: use 'auto', 'torch' or 'triton'")
         if backend == "triton" and not self.rope_dim:
@@ -272,14 +267,19 @@ class MLRAttention(nn.Module):
                                eps_q=self.q_norm.eps, eps_kv=self.kv_norms[0].eps, backend="triton")
         q = rope_columns(F.linear(c_q, w["q_kernels"], w["q_bias_kernels"]).unflatten(-1, (hq, dl + dr)), dl,
                          cos, sin, backend="triton")
-        mask, is_causal = sdpa_mask(attention_mask, n, self.causal, x.device)
+        o = self._short_attention(q, k, attention_mask)
+        return F.linear(o.transpose(1, 2).reshape(b, n, hq * (dl + dr)), w["out_kernels"], self.out_proj.bias)
+
+    def _short_attention(self, q, k, attention_mask):
+        """The short path's one SDPA: q (B, N, hq, W) against the latent heads k (B, N, 4, W), which are also
+        the values; returns (B, hq, N, W)."""
+        mask, is_causal = sdpa_mask(attention_mask, q.shape[1], self.causal, q.device)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if mask is None:
-            o = F.scaled_dot_product_attention(q, k, k, is_causal=is_causal, scale=self.attn_scale, enable_gqa=True)
-        else:
-            k = k.repeat_interleave(self.heads_per_latent, dim=1)
-            o = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.attn_scale)
-        return F.linear(o.transpose(1, 2).reshape(b, n, hq * (dl + dr)), w["out_kernels"], self.out_proj.bias)
+            return F.scaled_dot_product_attention(q, k, k, is_causal=is_causal, scale=self.attn_scale, enable_gqa=True)
+        # flash takes no mask, and not every kernel that does takes grouped heads: repeat them
+        k = k.repeat_interleave(self.heads_per_latent, dim=1)
+        return F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.attn_scale)
 
     def _build_short_weights(self) -> dict[str, torch.Tensor]:
         """The short path's weights (differentiable in the parameters). With head(l, r) the head that
@@ -320,7 +320,8 @@ class MLRAttention(nn.Module):
         unswapped = self.latent_dim + dr
         q_bias_kernels = None if q_bias is None else q_bias.unflatten(0, (-1, per_pair.shape[1]))[:, :unswapped]
         return {"in": w_in, "q": w_q.to(dtype), "q_bias": q_bias, "out": out.to(dtype),
-                "in_kernels": w_in[:w_in.shape[0] - dr], "q_kernels": per_pair[:, :unswapped].flatten(0, 1).to(dtype),
+                "in_kernels": w_in[:w_in.shape[0] - dr],
+                "q_kernels": per_pair[:, :unswapped].flatten(0, 1).to(dtype),
                 "q_bias_kernels": None if q_bias is None else q_bias_kernels.flatten(),
                 "out_kernels": out_padded.flatten(1).to(dtype)}
 
