@@ -47,3 +47,27 @@ def test_bad_sources_and_references_are_named(tmp_path):
     from mediagen.pipelines.shipping import referenced_text_encoder
     with pytest.raises(ValueError, match="must hold"):
         referenced_text_encoder(tmp_path / "dit")
+
+
+def test_a_folder_naming_a_distilled_encoder_loads_and_encodes_through_it(tmp_path):
+    """model_index.json names MiniLM's class; a reference to a distilled encoder (another class) still
+    loads, and the pipeline's prompt states are that encoder's."""
+    torch.manual_seed(0)
+    transformer = build_transformer("wan-tiny", text_dim=384).eval()
+    encoder = load_text_encoder("minilm")
+    base = pipeline_around(transformer, make_scheduler("flow-euler", 3.0))
+    TextToVideoPipeline(transformer=transformer, scheduler=base.scheduler, vae=base.vae, text_encoder=encoder.model,
+                        tokenizer=encoder.tokenizer).save_pretrained(str(tmp_path / "full"), safe_serialization=True)
+    shipped = save_shipped_pipeline(tmp_path / "full", tmp_path / "shipped", text_encoder="minilm-mlra2-distilled")
+    pipe = build_pipeline(str(shipped))
+    assert type(pipe.text_encoder).__name__ == "MediagenTextEncoder"
+    prompt = "the digit 3 moves left"
+    got, _ = pipe.encode_prompt(prompt, do_classifier_free_guidance=False, max_sequence_length=16, device="cpu",
+                                dtype=torch.float32)
+    want, mask = load_text_encoder("minilm-mlra2-distilled").encode([prompt], max_length=16, padding="max_length")
+    torch.testing.assert_close(got, want * mask[..., None])
+    minilm, _ = encoder.encode([prompt], max_length=16, padding="max_length")
+    assert (got - minilm).abs().max() > 1e-2                    # not MiniLM's states
+    frames = np.asarray(pipe(prompt=prompt, height=8, width=8, num_frames=3, num_inference_steps=2,
+                             output_type="np", generator=torch.Generator().manual_seed(1)).frames)
+    assert frames.shape[:2] == (1, 3) and np.isfinite(frames).all()

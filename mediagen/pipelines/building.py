@@ -60,7 +60,12 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
         name = json.loads((path / "model_index.json").read_text()).get("_class_name")
         if name not in PIPELINES:
             raise ValueError(f"{path / 'model_index.json'} names _class_name={name!r}; loadable: {sorted(PIPELINES)}")
-        pipe = PIPELINES[name].from_pretrained(str(path), **referenced_text_encoder(path))
+        referenced = referenced_text_encoder(path)
+        # a named encoder is set after loading: diffusers checks a component passed to from_pretrained
+        # against the class model_index.json names, and a distilled encoder is not that class
+        pipe = PIPELINES[name].from_pretrained(str(path), **dict.fromkeys(referenced))
+        if referenced:
+            pipe.register_modules(**referenced)
         if scheduler is not None:
             pipe.scheduler = make_scheduler(scheduler, shift)
     elif (path / "config.json").is_file():
