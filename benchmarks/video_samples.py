@@ -24,10 +24,6 @@ import torch
 DIRECTIONS = ("left", "right", "up", "down")
 
 
-# token states per prompt, as the pipelines and the app read prompts (TextToVideoPipeline.encode_prompt)
-TEXT_LENGTH = 64
-
-
 def grid_prompts() -> list[str]:
     return [f"the digit {d} moves {m}" for d in range(10) for m in DIRECTIONS]
 
@@ -109,6 +105,7 @@ def main(argv=None) -> int:
     report = {}
     embed = None
     if args.text_encoder:
+        from mediagen.app.generation import TEXT_LENGTH   # the token states per prompt the app reads
         from mediagen.text.encoders import load_text_encoder
 
         encoder = load_text_encoder(args.text_encoder, device=args.device)
