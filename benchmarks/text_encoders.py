@@ -53,8 +53,9 @@ VARIANTS = {
     "mlra2-long": dict(attention="mlra2"),
     "mlra4-long": dict(attention="mlra4"),
     "hla-long": dict(attention="hla"),
-    # MLRA's short path on its torch ops instead of its Triton launches (what "auto" takes on CUDA)
+    # MLRA's and HLA's short paths on their torch ops instead of their Triton launches (what "auto" takes on CUDA)
     "mlra2-torch": dict(attention="mlra2"),
+    "hla-torch": dict(attention="hla"),
 }
 LONG_PATH_ONLY = ("mlra2-long", "mlra4-long", "hla-long")
 MINILM_SHAPE = dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
@@ -97,7 +98,7 @@ def make_encoder(name, shape, device, dtype):
     if name in LONG_PATH_ONLY:
         for layer in model.layers:
             layer.attn.short_max_tokens = 0
-    if name == "mlra2-torch":
+    if name in ("mlra2-torch", "hla-torch"):
         for layer in model.layers:
             layer.attn.short_backend = "torch"
     return model.to(device=device, dtype=dtype).eval()

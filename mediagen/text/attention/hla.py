@@ -30,8 +30,9 @@ The output goes through a per-head RMSNorm and the output projection (no short c
 Sequences of at most ``short_max_tokens`` tokens (default two chunks) take a short path
 (``_forward_short``) that computes the same function in about twenty ops: GDN from the zero state
 written as one (N x N) lower-triangular system, and for a second chunk the gate as a per-token blend of
-the output with and without the first chunk's state. ``backend`` and ``readout`` choose the kernels of
-the long path only.
+the output with and without the first chunk's state. On CUDA tensors without gradients everything between
+the two projections runs as two Triton launches (``kernels.hla.short``, ``short_backend``), blocks of 32
+tokens in place of the (N x N) solve. ``backend`` and ``readout`` choose the kernels of the long path only.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries,
 from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
 from ..kernels.hla.readout import hla_fused_forward
 from ..kernels.hla.router import chunk_routed_gates, chunk_routing_order
+from ..kernels.hla.short import hla_short, triton_serves
 from .derived import DerivedWeights, strictly_upper
 
 try:  # the fused input pass (importing it registers the custom op mediagen::hla_prepare)
@@ -83,6 +85,9 @@ class HLAttention(nn.Module):
             raise ValueError(f"short_max_tokens={short_max_tokens} is not allowed: use 0 ... {longest} "
                              f"({SHORT_MAX_CHUNKS} chunks of {chunk}: the short path reads one past chunk at most)")
         self.short_max_tokens = short_max_tokens
+        # the short path between the projections: "torch" (its torch ops), "triton" (two launches of
+        # kernels.hla.short, no autograd) or "auto": triton on CUDA when no gradient is recorded
+        self.short_backend = "auto"
         self._short_weights = DerivedWeights(type(self)._build_short_weights)
         if backend not in ("auto", "torch", "fla"):
             raise ValueError(f"backend={backend!r} is not allowed: use 'auto', 'torch' or 'fla'")
@@ -290,7 +295,9 @@ class HLAttention(nn.Module):
         diag(beta) V are 0, so its u is 0 and its key and value reach nobody) and log alpha = 0; its
         key is also zeroed where the router reads it. scale = d^-1/2 is not applied to o: the output
         RMSNorm takes eps / scale^2 instead, which gives the same result. Half-precision layers
-        compute between the projections in fp32 (the triangular solve needs it)."""
+        compute between the projections in fp32 (the triangular solve needs it). What lies between the
+        projections is ``kernels.hla.short.hla_short``: the (N x N) solve in torch ops (differentiable), or
+        on CUDA without gradients two Triton launches (``short_backend``, ``_short_kernels``)."""
         b, n, _ = x.shape
         h, d, c = self.heads, self.head_dim, self.chunk
         if n > SHORT_MAX_CHUNKS * c:
@@ -298,38 +305,35 @@ class HLAttention(nn.Module):
         inner = h * d
         w = self._short_weights.get(self)
         compute = w["route"].dtype                                     # fp32 for half-precision layers
-        proj = F.linear(x, w["proj"], w["bias"]).to(compute)         # [q | k | v | beta | decay] pre-activations
-        qk = F.normalize(proj[..., :2 * inner].unflatten(-1, (2, h, d)), dim=-1)                 # (B, N, 2, H, D)
-        # [q; k] stacked along the tokens per head, so that both Gram blocks come out of one product as
-        # (B, H, 2, N, N) and each block is a plain batch of matrices (no copy before the next product)
-        qk = qk.permute(0, 3, 2, 1, 4).reshape(b, h, 2 * n, d)
-        q, k = qk[:, :, :n], qk[:, :, n:]
-        v = proj[..., 2 * inner:3 * inner].unflatten(-1, (h, d)).transpose(1, 2)                 # (B, H, N, D)
-        beta = torch.sigmoid(proj[..., 3 * inner:3 * inner + h])
-        log_alpha = F.softplus(proj[..., 3 * inner + h:]) * w["neg_a"]     # dt_bias is in the projection bias
-        if attention_mask is not None:
-            m = attention_mask.to(compute)[..., None]
-            beta, log_alpha = beta * m, log_alpha * m
-        beta = beta.transpose(1, 2)[..., None]                                                    # (B, H, N, 1)
-        g = log_alpha.transpose(1, 2).cumsum(-1)                                                  # (B, H, N)
-        # masked before exp: above the diagonal G_t - G_s >= 0 could overflow, and inf * 0 poisons gradients
-        decay = (g[..., :, None] - g[..., None, :]).masked_fill_(strictly_upper(n, x.device), -math.inf).exp_()
-        s = (qk @ k.transpose(-1, -2)).unflatten(2, (2, n)) * decay[:, :, None]   # [q.k; k.k] * decay
-        p, lower = s[:, :, 0], s[:, :, 1] * beta            # solve_triangular reads below the diagonal only
-        rhs = v * beta
-        o = p @ torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        if n > c:
-            gate = self._short_gates(q[:, :, c:], k[:, :, :c], attention_mask, w)                 # (B, H, n - C, 1)
-            u_in = torch.linalg.solve_triangular(lower[..., c:, c:], rhs[:, :, c:], upper=False, unitriangular=True)
-            o = torch.cat([o[:, :, :c], torch.lerp(p[..., c:, c:] @ u_in, o[:, :, c:], gate)], dim=2)
+        proj = F.linear(x, w["proj"], w["bias"])                     # [q | k | v | beta | decay] pre-activations
+        gate = None
+        if n > c:   # the second chunk's queries against the first chunk's keys
+            q2 = F.normalize(proj[:, c:, :inner].to(compute).unflatten(-1, (h, d)), dim=-1).transpose(1, 2)
+            k1 = F.normalize(proj[:, :c, inner:2 * inner].to(compute).unflatten(-1, (h, d)), dim=-1).transpose(1, 2)
+            gate = self._short_gates(q2, k1, attention_mask, w)[..., 0]                           # (B, H, n - C)
         if need_aux:                              # one chunk: no token has a past chunk (two: the long path)
-            zero = o.new_zeros((), dtype=torch.float32)
+            zero = proj.new_zeros((), dtype=torch.float32)
             self.aux_losses = {"budget": zero, "support": zero, "binary": zero, "total": zero}
         else:
             self.aux_losses = {}
         eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(x.dtype).eps
-        o = F.rms_norm(o.transpose(1, 2).to(x.dtype), (d,), self.out_norm.weight, eps * d)  # eps / scale^2
+        kernels = self._short_kernels(x)
+        o = hla_short(proj, h, d, w["neg_a"], self.out_norm.weight, eps * d, chunk=c, mask=attention_mask, gate=gate,
+                      out_dtype=x.dtype, backend="triton" if kernels else "reference",
+                      above=None if kernels else strictly_upper(n, x.device))       # eps / scale^2, see above
         return self.out_proj(o.flatten(-2))
+
+    def _short_kernels(self, x) -> bool:
+        """Whether the short path runs on the Triton kernels of ``kernels.hla.short`` (``short_backend``)."""
+        backend = self.short_backend
+        if backend == "auto":
+            if not x.is_cuda or torch.compiler.is_compiling() or not triton_serves(self.head_dim, self.chunk):
+                return False
+            recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+            return not recording
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"short_backend={backend!r} is not allowed: use 'auto', 'torch' or 'triton'")
+        return backend == "triton"
 
     def _short_gates(self, q, k, attention_mask, w):
         """Gates (B, H, n - C, 1) of the second chunk's queries q (B, H, n - C, D) for the first chunk,

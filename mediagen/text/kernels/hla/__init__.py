@@ -2,7 +2,8 @@
 reference (``naive``), a plain-PyTorch chunked path (``chunk``), chunk gates (``router``), the
 flash-linear-attention backend for CUDA (``fla_backend``, imported lazily), and for inference two
 Triton kernels: the layer's inputs in one pass (``triton_prepare``) and the readout, gates and walk in
-one kernel (``triton_readout``, dispatched by ``readout``)."""
+one kernel (``triton_readout``, dispatched by ``readout``). Sequences of up to two chunks: ``short``
+(the closed form in torch ops, or two Triton launches, ``triton_short``)."""
 
 from .chunk import (chunk_summaries, gated_delta_rule_chunked, hla_chunked, hla_walk, hla_walk_sparse,
                     pad_to_chunks, select_chunks)
