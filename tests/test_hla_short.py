@@ -41,6 +41,7 @@ def inputs(B, N, H, D, chunk, seed, masked=False, dtype=torch.float32, decay_shi
     (2, 45, 3, 24, 32, True, torch.float32),      # a head size that is not a power of two; padding
     (2, 60, 2, 32, 32, True, torch.float32),      # two chunks: the gate and the restart at the second
     (1, 29, 2, 16, 16, False, torch.float32),     # blocks of 16 (the chunk 32 does not divide)
+    (2, 29, 2, 32, 16, True, torch.float32),      # blocks of 16 narrower than the head; two chunks, padding
     (2, 64, 2, 64, 32, False, torch.float32),     # two whole chunks, the largest head the kernels take
     (2, 50, 2, 32, 32, True, torch.bfloat16),
     (1, 33, 2, 32, 32, False, torch.float16),
@@ -109,6 +110,8 @@ def layer(chunk, pool, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("n,masked", [(13, False), (16, True), (29, True), (32, False)])
 def test_layer_on_the_kernels_equals_its_torch_ops_and_its_long_path(n, masked):
+    """The fp32 layer on the kernels against the same layer in fp64 on its torch ops and on its long path
+    (one chunk, and two: "triton" takes the kernels for both)."""
     m = layer(16, 4)
     x = torch.randn(2, n, 64, device=DEVICE)
     mask = None
@@ -118,11 +121,12 @@ def test_layer_on_the_kernels_equals_its_torch_ops_and_its_long_path(n, masked):
     with torch.no_grad():
         m.short_backend = "triton"
         got = m(x, mask)
-        m.short_backend = "torch"
-        torch_ops = m(x, mask)
-        long = m._forward_long(x, mask)
-    torch.testing.assert_close(got, torch_ops, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got, long, rtol=1e-4, atol=1e-5)
+        exact = layer(16, 4).double()
+        exact.short_backend = "torch"
+        torch_ops = exact(x.double(), mask)
+        long = exact._forward_long(x.double(), mask)
+    torch.testing.assert_close(torch_ops, long, rtol=1e-9, atol=1e-9)
+    assert rel_err(got, torch_ops) < 1e-5
 
 
 def test_layer_on_the_kernels_in_bfloat16():
@@ -142,14 +146,15 @@ def test_auto_takes_the_kernels_on_cuda_without_gradients_only():
     x = torch.randn(1, 9, 64, device=DEVICE)
     m.short_backend = "auto"
     with torch.no_grad():
-        assert m._short_kernels(x) == x.is_cuda
-    assert not m._short_kernels(x)                # parameters that want gradients are being recorded
-    assert not HLAttention(64, 2, chunk=8, pool=4).eval().to(DEVICE)._short_kernels(x)   # chunk 8: no blocks
+        assert m._short_kernels(x, 9) == x.is_cuda
+        assert not m._short_kernels(x, 17)        # two chunks: the torch ops (slower on the kernels)
+    assert not m._short_kernels(x, 9)             # parameters that want gradients are being recorded
+    assert not HLAttention(64, 2, chunk=8, pool=4).eval().to(DEVICE)._short_kernels(x, 9)   # chunk 8: no blocks
     m.short_backend = "triton"
-    assert m._short_kernels(x)
+    assert m._short_kernels(x, 9) and m._short_kernels(x, 17)
     m.short_backend = "fast"
     with pytest.raises(ValueError, match="short_backend='fast' is not allowed"):
-        m._short_kernels(x)
+        m._short_kernels(x, 9)
 
 
 def test_bad_input_names_the_problem():

@@ -30,9 +30,9 @@ The output goes through a per-head RMSNorm and the output projection (no short c
 Sequences of at most ``short_max_tokens`` tokens (default two chunks) take a short path
 (``_forward_short``) that computes the same function in about twenty ops: GDN from the zero state
 written as one (N x N) lower-triangular system, and for a second chunk the gate as a per-token blend of
-the output with and without the first chunk's state. On CUDA tensors without gradients everything between
-the two projections runs as two Triton launches (``kernels.hla.short``, ``short_backend``), blocks of 32
-tokens in place of the (N x N) solve. ``backend`` and ``readout`` choose the kernels of the long path only.
+the output with and without the first chunk's state. On CUDA tensors without gradients a sequence of one
+chunk runs everything between the two projections as two Triton launches (``kernels.hla.short``,
+``short_backend``), blocks of 32 tokens in place of the (N x N) solve. ``backend`` and ``readout`` choose the kernels of the long path only.
 """
 
 from __future__ import annotations
@@ -317,17 +317,20 @@ class HLAttention(nn.Module):
         else:
             self.aux_losses = {}
         eps = self.out_norm.eps if self.out_norm.eps is not None else torch.finfo(x.dtype).eps
-        kernels = self._short_kernels(x)
+        kernels = self._short_kernels(x, n)
         o = hla_short(proj, h, d, w["neg_a"], self.out_norm.weight, eps * d, chunk=c, mask=attention_mask, gate=gate,
                       out_dtype=x.dtype, backend="triton" if kernels else "reference",
                       above=None if kernels else strictly_upper(n, x.device))       # eps / scale^2, see above
         return self.out_proj(o.flatten(-2))
 
-    def _short_kernels(self, x) -> bool:
-        """Whether the short path runs on the Triton kernels of ``kernels.hla.short`` (``short_backend``)."""
+    def _short_kernels(self, x, n: int) -> bool:
+        """Whether the short path runs on the Triton kernels of ``kernels.hla.short`` (``short_backend``) for n
+        tokens. "auto" takes them for one chunk only: with two, the scan's second (restarted) state made the
+        kernels slower than the torch ops' solve on the H200 (benchmarks/RESULTS.md, text encoders)."""
         backend = self.short_backend
         if backend == "auto":
-            if not x.is_cuda or torch.compiler.is_compiling() or not triton_serves(self.head_dim, self.chunk):
+            if (not x.is_cuda or torch.compiler.is_compiling() or n > self.chunk
+                    or not triton_serves(self.head_dim, self.chunk)):
                 return False
             recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
             return not recording
