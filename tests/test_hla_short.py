@@ -3,6 +3,8 @@ reference in fp64 on fresh random inputs, the reference against the token-by-tok
 on the kernels against its torch ops and its chunked long path. On a CPU the kernels run in Triton's interpreter
 (tests/conftest.py); on a GPU the same tests run unchanged."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,6 +152,9 @@ def test_auto_takes_the_kernels_on_cuda_without_gradients_only():
         assert not m._short_kernels(x, 17)        # two chunks: the torch ops (slower on the kernels)
     assert not m._short_kernels(x, 9)             # parameters that want gradients are being recorded
     assert not HLAttention(64, 2, chunk=8, pool=4).eval().to(DEVICE)._short_kernels(x, 9)   # chunk 8: no blocks
+    with torch.no_grad():  # tensors stand in by their attributes: a float64 layer on a GPU keeps the torch ops
+        assert m._short_kernels(SimpleNamespace(is_cuda=True, dtype=torch.float32, requires_grad=False), 9)
+        assert not m._short_kernels(SimpleNamespace(is_cuda=True, dtype=torch.float64, requires_grad=False), 9)
     m.short_backend = "triton"
     assert m._short_kernels(x, 9) and m._short_kernels(x, 17)
     m.short_backend = "fast"

@@ -157,3 +157,22 @@ def test_bad_short_backend_names_the_problem():
     no_rope.short_backend = "triton"
     with pytest.raises(ValueError, match="rope_dim=0"):
         no_rope(torch.randn(1, 3, 64, device=DEVICE))
+
+
+def test_auto_takes_the_kernels_for_cuda_tensors_of_their_dtypes_only():
+    """A float64 layer on a GPU keeps its torch ops (the kernels take fp32, fp16 and bf16); the short path and
+    decoding ask the same question. Tensors stand in by their attributes, so the rule is checked anywhere."""
+    from types import SimpleNamespace
+
+    from mediagen.text.kernels.backends import kernels_serve
+
+    def cuda(dtype):
+        return SimpleNamespace(is_cuda=True, dtype=dtype, requires_grad=False)
+
+    assert all(kernels_serve(cuda(dt)) for dt in (torch.float32, torch.float16, torch.bfloat16))
+    assert not kernels_serve(cuda(torch.float64))
+    assert not kernels_serve(torch.zeros(1))      # a CPU tensor
+    m = make_layer(2, False, True)
+    m.short_backend = "auto"
+    with torch.no_grad():
+        assert m._short_kernels(cuda(torch.float32)) and not m._short_kernels(cuda(torch.float64))

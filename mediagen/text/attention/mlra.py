@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.backends import kernels_serve
 from ..kernels.latent_decode import decode_prepare, latent_decode
 from ..kernels.short_prepare import rope_columns, short_prepare
 from .cache import DecodeCache
@@ -239,7 +240,7 @@ class MLRAttention(nn.Module):
         """Whether the short path runs on the kernels of ``kernels.short_prepare`` (``short_backend``)."""
         backend = self.short_backend
         if backend == "auto":
-            if not x.is_cuda or torch.compiler.is_compiling() or not self.rope_dim:
+            if not kernels_serve(x) or torch.compiler.is_compiling() or not self.rope_dim:
                 return False  # compiled, the torch ops below fuse anyway
             recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
             return not recording
@@ -355,7 +356,7 @@ class MLRAttention(nn.Module):
         absorbed-weight step of ``_decode_step_absorbed``."""
         backend = self.decode_backend
         if backend == "auto":
-            backend = "triton" if x.is_cuda else "torch"
+            backend = "triton" if kernels_serve(x) else "torch"
         if backend == "triton":
             return self._decode_step_absorbed(x, cache)
         if backend != "torch":

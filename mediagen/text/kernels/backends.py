@@ -1,4 +1,5 @@
-"""The check shared by the text kernels' dispatchers: "reference" (plain PyTorch) or "triton"."""
+"""What the text kernels' dispatchers share: the check of an asked backend, "reference" (plain PyTorch) or
+"triton", and whether an "auto" choice may take the kernels for a tensor."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ def check_backend(backend: str, dtype: torch.dtype, kernel) -> str:
         if dtype not in TRITON_DTYPES:
             raise ValueError(f"backend='triton' takes {', '.join(map(str, TRITON_DTYPES))}; got {dtype}")
     return backend
+
+
+def kernels_serve(x: torch.Tensor) -> bool:
+    """Whether an "auto" dispatcher may send ``x`` to the Triton kernels: a CUDA tensor of a dtype they take
+    (a float64 layer keeps its torch ops)."""
+    return x.is_cuda and x.dtype in TRITON_DTYPES
