@@ -151,10 +151,14 @@ def hla_short_triton(proj, heads: int, head_dim: int, neg_a, norm_weight, eps: f
         B, N, H, D, chunk, (proj.stride(0), proj.stride(1)), (0, 0) if mask is None else tuple(mask.stride()),
         (0, 0) if gate is None else (gate.stride(0), gate.stride(1)), tuple(out.stride()[:3]), float(eps),
         mask is not None)
-    f32 = dict(device=proj.device, dtype=torch.float32)
-    u, w, qg, kd = (torch.empty(B * H, npad, bd, **f32) for _ in range(4))
-    aqk = torch.empty(B * H, nblk, bt, bt, **f32)
-    glast = torch.empty(B * H, nblk, **f32)
+    # the blocks' terms in one allocation, each a contiguous part (as the kernels address them) of a length
+    # that keeps the next 16-byte aligned (Triton specialises pointers on it): U, W, Gamma q, e^(g_last - g) k,
+    # then Aqk and e^(g_last)
+    m = B * H
+    terms = torch.empty(4 * m * npad * bd + m * nblk * bt * bt + m * nblk, device=proj.device, dtype=torch.float32)
+    u, w, qg, kd = terms[:4 * m * npad * bd].view(4, m, npad, bd).unbind(0)
+    aqk = terms[4 * m * npad * bd:4 * m * npad * bd + m * nblk * bt * bt].view(m, nblk, bt, bt)
+    glast = terms[4 * m * npad * bd + m * nblk * bt * bt:].view(m, nblk)
     blocks(hla_short_blocks_kernel, proj, proj if mask is None else mask, neg_a.float(), u, w, qg, kd, aqk, glast)
     scan(hla_short_scan_kernel, u, w, qg, kd, aqk, glast, u if gate is None else gate, norm_weight, out)
     return out
