@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.backends import kernels_serve
+from ..kernels.backends import auto_takes_kernels
 from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
                            hla_chunked)
 from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
@@ -330,11 +330,7 @@ class HLAttention(nn.Module):
         kernels slower than the torch ops' solve on the H200 (benchmarks/RESULTS.md, text encoders)."""
         backend = self.short_backend
         if backend == "auto":
-            if (not kernels_serve(x) or torch.compiler.is_compiling() or n > self.chunk
-                    or not triton_serves(self.head_dim, self.chunk)):
-                return False
-            recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-            return not recording
+            return n <= self.chunk and triton_serves(self.head_dim, self.chunk) and auto_takes_kernels(x, self)
         if backend not in ("torch", "triton"):
             raise ValueError(f"short_backend={backend!r} is not allowed: use 'auto', 'torch' or 'triton'")
         return backend == "triton"

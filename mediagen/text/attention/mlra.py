@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.backends import kernels_serve
+from ..kernels.backends import auto_takes_kernels, kernels_serve
 from ..kernels.latent_decode import decode_prepare, latent_decode
 from ..kernels.short_prepare import rope_columns, short_prepare
 from .cache import DecodeCache
@@ -240,10 +240,7 @@ class MLRAttention(nn.Module):
         """Whether the short path runs on the kernels of ``kernels.short_prepare`` (``short_backend``)."""
         backend = self.short_backend
         if backend == "auto":
-            if not kernels_serve(x) or torch.compiler.is_compiling() or not self.rope_dim:
-                return False  # compiled, the torch ops below fuse anyway
-            recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-            return not recording
+            return bool(self.rope_dim) and auto_takes_kernels(x, self)
         if backend not in ("torch", "triton"):
             raise ValueError(f"short_backend={backend!r} is not allowed: use 'auto', 'torch' or 'triton'")
         if backend == "triton" and not self.rope_dim:

@@ -1,5 +1,5 @@
 """What the text kernels' dispatchers share: the check of an asked backend, "reference" (plain PyTorch) or
-"triton", and whether an "auto" choice may take the kernels for a tensor."""
+"triton", and whether an "auto" choice may take the kernels for a tensor and a layer."""
 
 from __future__ import annotations
 
@@ -26,3 +26,11 @@ def kernels_serve(x: torch.Tensor) -> bool:
     """Whether an "auto" dispatcher may send ``x`` to the Triton kernels: a CUDA tensor of a dtype they take
     (a float64 layer keeps its torch ops)."""
     return x.is_cuda and x.dtype in TRITON_DTYPES
+
+
+def auto_takes_kernels(x: torch.Tensor, layer) -> bool:
+    """The "auto" rule of the layers' inference kernels: ``kernels_serve(x)``, outside torch.compile (which fuses
+    the torch ops itself), and no gradient recorded for x or ``layer``'s parameters (the kernels have none)."""
+    if not kernels_serve(x) or torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())))
