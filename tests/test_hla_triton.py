@@ -3,6 +3,7 @@ reference, on fresh random inputs. On a CPU it runs in Triton's interpreter (tes
 the shapes are small; on a GPU the same tests run, plus a real size in bf16 with tf32 products."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -196,6 +197,15 @@ def test_layer_refuses_the_kernel_where_it_cannot_serve(device):
         assert torch.isfinite(wide(torch.randn(1, 40, 320, device=device))).all()
     with pytest.raises(ValueError, match="readout='fast'"):
         HLAttention(32, 2, readout="fast")
+    exact = HLAttention(32, 2, chunk=16, pool=4, readout="triton").to(device).double().eval()
+    with torch.no_grad(), pytest.raises(ValueError, match="not torch.float64"):
+        exact(torch.randn(1, 40, 32, device=device, dtype=torch.float64))
+    exact.readout = "auto"        # auto: a float64 layer (on a GPU too) keeps the PyTorch path
+    with torch.no_grad():
+        assert torch.isfinite(exact(torch.randn(1, 40, 32, device=device, dtype=torch.float64))).all()
+        assert not exact._fused_readout(SimpleNamespace(is_cuda=True, dtype=torch.float64, requires_grad=False),
+                                        False)
+        assert exact._fused_readout(SimpleNamespace(is_cuda=True, dtype=torch.float32, requires_grad=False), False)
 
 
 def test_bad_inputs_name_the_parameter(device):

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.backends import auto_takes_kernels
+from ..kernels.backends import TRITON_DTYPES, auto_takes_kernels, kernels_serve
 from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
                            hla_chunked)
 from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
@@ -171,10 +171,12 @@ class HLAttention(nn.Module):
             blocker = "chunks are ranked by every token's gate (gate_threshold, or top_k with route='token')"
         elif self.head_dim > 128:
             blocker = f"head_dim={self.head_dim} is above the kernel's 128"
+        elif x.dtype not in TRITON_DTYPES:
+            blocker = f"the kernel takes {', '.join(map(str, TRITON_DTYPES))}, not {x.dtype}"
         if self.readout == "triton" and blocker:
             raise ValueError(f"readout='triton' is inference-only and cannot serve this call: {blocker}; "
                              "use readout='torch' or 'auto'")
-        return blocker is None and (self.readout == "triton" or x.is_cuda)
+        return blocker is None and (self.readout == "triton" or kernels_serve(x))
 
     def router_inputs(self, q, k, chunk: int):
         """The router's routed queries (B, N, H, D) and bucket representatives (B, H, nC, C/pool, D)
