@@ -46,6 +46,7 @@ def inputs(B, N, H, D, chunk, seed, masked=False, dtype=torch.float32, decay_shi
     (2, 29, 2, 32, 16, True, torch.float32),      # blocks of 16 narrower than the head; two chunks, padding
     (2, 64, 2, 64, 32, False, torch.float32),     # two whole chunks, the largest head the kernels take
     (2, 50, 2, 32, 32, True, torch.bfloat16),
+    (1, 77, 12, 32, 256, False, torch.bfloat16),  # the walk's products in tf32 on a GPU (bf16 output)
     (1, 33, 2, 32, 32, False, torch.float16),
 ])
 def test_kernels_match_reference(B, N, H, D, chunk, masked, dtype):
@@ -149,7 +150,8 @@ def test_auto_takes_the_kernels_on_cuda_without_gradients_only():
     m.short_backend = "auto"
     with torch.no_grad():
         assert m._short_kernels(x, 9) == x.is_cuda
-        assert not m._short_kernels(x, 17)        # two chunks: the torch ops (slower on the kernels)
+        assert not m._short_kernels(x, 17)        # two chunks in fp32: the torch ops (exact products are slower)
+        assert m._short_kernels(x.bfloat16(), 17) == x.is_cuda          # in bf16 the walk takes tf32 and pays
     assert not m._short_kernels(x, 9)             # parameters that want gradients are being recorded
     assert not HLAttention(64, 2, chunk=8, pool=4).eval().to(DEVICE)._short_kernels(x, 9)   # chunk 8: no blocks
     with torch.no_grad():  # tensors stand in by their attributes: a float64 layer on a GPU keeps the torch ops

@@ -328,11 +328,13 @@ class HLAttention(nn.Module):
 
     def _short_kernels(self, x, n: int) -> bool:
         """Whether the short path runs on the Triton kernels of ``kernels.hla.short`` (``short_backend``) for n
-        tokens. "auto" takes them for one chunk only: with two, the scan's second (restarted) state made the
-        kernels slower than the torch ops' solve on the H200 (benchmarks/RESULTS.md, text encoders)."""
+        tokens. "auto" takes them for one chunk, and for two in bf16 only: the walk with its second (restarted)
+        state is 4x faster than the torch ops' solve when its products take tf32 (a bf16 layer), and slower
+        with exact fp32 products (fp32 and fp16 layers) on the H200 (benchmarks/RESULTS.md, text encoders)."""
         backend = self.short_backend
         if backend == "auto":
-            return n <= self.chunk and triton_serves(self.head_dim, self.chunk) and auto_takes_kernels(x, self)
+            fast = n <= self.chunk or x.dtype == torch.bfloat16
+            return fast and triton_serves(self.head_dim, self.chunk) and auto_takes_kernels(x, self)
         if backend not in ("torch", "triton"):
             raise ValueError(f"short_backend={backend!r} is not allowed: use 'auto', 'torch' or 'triton'")
         return backend == "triton"
