@@ -1,12 +1,14 @@
 """Sample the text-to-video grid a semantic score needs, and time sampling, for one or more pipelines.
 
     python -m benchmarks.video_samples PIPELINE [PIPELINE ...] --out DIR [--seeds 0 1 2] [--steps 8]
-        [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1] [--runtime eager] [--text-encoder NAME]
+        [--still-steps 16] [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1] [--runtime eager]
+        [--text-encoder NAME]
 
 For each pipeline folder writes DIR/<name>.npz with ``videos`` uint8 (N, F, H, W), ``prompts`` and
 ``seeds``: every digit 0-9 x every direction x every seed, the caption the model was trained on
 ("the digit 3 moves left"), at the app's default steps (8) and guidance (4); and DIR/<name>-stills.npz,
-the prompt-mode images of "the digit 0" ... "the digit 9" per seed (one-frame videos). Score them with
+the prompt-mode images of "the digit 0" ... "the digit 9" per seed (one-frame videos), at the app's default
+steps for stills (16). Score them with
 ``mediagen vbench --videos DIR/<name>.npz --calibrate``. Also prints the wall time of sampling one
 batch of ``--time-batch`` videos (median of 5, after a warm-up), text encoding and decoding included.
 """
@@ -80,6 +82,7 @@ def time_sampling(pipe, device, steps, guidance, batch, repeats=5) -> list[float
 
 
 def main(argv=None) -> int:
+    from mediagen.app.limits import Limits
     from mediagen.pipelines import RUNTIMES, build_pipeline
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -87,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--still-steps", type=int, default=None,
+                   help="steps of the prompt-mode stills (default: the app's, Limits.still_steps)")
     p.add_argument("--guidance", type=float, default=4.0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -100,6 +105,7 @@ def main(argv=None) -> int:
                         "DIR/<name>-<encoder>.npz and no stills")
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    still_steps = Limits().still_steps if args.still_steps is None else args.still_steps
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {}
@@ -126,7 +132,7 @@ def main(argv=None) -> int:
             np.savez_compressed(out / f"{name}.npz", videos=videos, prompts=np.array(prompts), seeds=np.array(seeds))
             print(f"{name}: {len(videos)} clips in {time.perf_counter() - t0:.1f} s -> {out / (name + '.npz')}")
             if embed is None:
-                stills, still_prompts = sample_stills(pipe, args.seeds, args.steps, args.guidance, videos.shape[1])
+                stills, still_prompts = sample_stills(pipe, args.seeds, still_steps, args.guidance, videos.shape[1])
                 np.savez_compressed(out / f"{name}-stills.npz", videos=stills, prompts=np.array(still_prompts))
         times = time_sampling(pipe, args.device, args.steps, args.guidance, args.time_batch)
         report[name] = {"median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),

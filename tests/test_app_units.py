@@ -324,3 +324,28 @@ def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_pat
     on_mode = next(f.fn for f in fns if getattr(f.fn, "__name__", "") == "on_mode")
     assert on_mode("prompt")[0]["value"] == "mhla"                   # switching the Image tab's mode
     assert on_mode("class")[0]["value"] == "mhla"
+
+
+def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path):
+    """A still is one frame of a clip, with no vote over frames: the Image tab's prompt mode and the Compare
+    tab's text-to-image task start at Limits.still_steps (capped by max_steps), the others at default_steps;
+    a CPU starts at the GPU's default_steps (fewer steps draw the asked digit less often)."""
+    from mediagen.app.handlers import MediagenApp
+    from mediagen.app.limits import Limits
+    from mediagen.app.models import ModelSet, ModelSource
+    from mediagen.app.ui import build_demo, image_steps
+
+    assert Limits.for_device("cpu").default_steps == Limits.for_device("cuda").default_steps == 8
+    assert image_steps(Limits(), "prompt") == 16 and image_steps(Limits(), "class") == 8
+    assert image_steps(Limits(max_steps=12), "prompt") == 12
+    models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla")),
+                      video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), size={"frames": 3, "height": 8, "width": 8}),
+                      text_encoders={"FlashAttention": "minilm"})
+    app = MediagenApp(models, Limits(max_side=32, max_frames=5, max_steps=20, max_batch=2, default_steps=5,
+                                     still_steps=11), device="cpu", output_dir=tmp_path / "out")
+    demo = build_demo(app)
+    fns = {getattr(f.fn, "__name__", ""): f.fn for f in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
+    assert fns["on_mode"]("prompt")[-1]["value"] == 11 and fns["on_mode"]("class")[-1]["value"] == 5
+    assert fns["on_task"]("text-to-image", [])[-1]["value"] == 11
+    assert fns["on_task"]("text-to-video", [])[-1]["value"] == 5
+    assert fns["on_task"]("class-to-image", [])[-1]["value"] == 5
