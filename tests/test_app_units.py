@@ -333,11 +333,11 @@ def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path):
     from mediagen.app.handlers import MediagenApp
     from mediagen.app.limits import Limits
     from mediagen.app.models import ModelSet, ModelSource
-    from mediagen.app.ui import build_demo, image_steps
+    from mediagen.app.ui import build_demo, start_steps
 
     assert Limits.for_device("cpu").default_steps == Limits.for_device("cuda").default_steps == 8
-    assert image_steps(Limits(), "prompt") == 16 and image_steps(Limits(), "class") == 8
-    assert image_steps(Limits(max_steps=12), "prompt") == 12
+    assert start_steps(Limits(), True) == 16 and start_steps(Limits(), False) == 8
+    assert start_steps(Limits(max_steps=12), True) == 12
     models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla")),
                       video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), size={"frames": 3, "height": 8, "width": 8}),
                       text_encoders={"FlashAttention": "minilm"})

@@ -46,7 +46,7 @@ class Limits:
     max_request_s: float | None = None   # refuse a request estimated to take longer (None: no bound)
     # Sampling steps the page starts with. At 4 steps the shipped clip models draw the asked digit in 0.82-0.88
     # of clips and 0.47-0.67 of stills, at 8 in 0.96 of clips (docs/RESULTS.md, text-to-video), so a CPU
-    # starts at 8 too (a clip takes about 7 s there). A prompt-mode still is one frame of a clip and has no
+    # starts at 8 too (a clip takes 4.5-7 s there). A prompt-mode still is one frame of a clip and has no
     # vote over frames: it starts at 16 steps (0.92-0.95 of stills against 0.89-0.91 at 8).
     default_steps: int = 8
     still_steps: int = 16

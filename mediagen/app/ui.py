@@ -26,16 +26,16 @@ COMPARE_NOTE = ("The same seed through each configuration; `{reference}` is the 
                 "blank output is marked `blank` and gets no SSIM / PSNR.")
 
 
-def image_steps(lim, mode: str) -> int:
-    """The steps a tab starts a task with: a prompt-mode still ("prompt") gets ``still_steps``, a clip or a
-    class-conditional image ("class") ``default_steps`` (``Limits``)."""
-    return min(lim.still_steps if mode != "class" else lim.default_steps, lim.max_steps)
+def start_steps(lim, still: bool) -> int:
+    """The steps a tab starts a task with (``Limits``): ``still_steps`` for a prompt-mode still, else
+    ``default_steps``; at most ``max_steps``."""
+    return min(lim.still_steps if still else lim.default_steps, lim.max_steps)
 
 
 def _common_controls(app: MediagenApp, d: dict):
     lim = app.limits
     seed = RawNumber(value=0, precision=0, label=f"seed (0–{d['max_seed']})", elem_id="seed")
-    steps = RawNumber(value=min(lim.default_steps, lim.max_steps), precision=0, label=f"steps (1–{lim.max_steps})")
+    steps = RawNumber(value=start_steps(lim, False), precision=0, label=f"steps (1–{lim.max_steps})")
     guidance = RawNumber(value=4.0, label=f"guidance (0–{lim.max_guidance:g}; ≤ 1 turns it off)")
     return seed, steps, guidance
 
@@ -107,7 +107,7 @@ def _image_tab(app: MediagenApp, d: dict):
         value = _first_choice(mode_value, offered)  # another mode draws with another model
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
-                *(gr.update(visible=prompt_mode) for _ in range(6)), gr.update(value=image_steps(lim, mode_value)))
+                *(gr.update(visible=prompt_mode) for _ in range(6)), gr.update(value=start_steps(lim, prompt_mode)))
 
     mode.change(on_mode, [mode], [attention, info, class_label, prompt, negative, encoder, encoder_note, height,
                                   width, steps], api_name=False)
@@ -177,9 +177,8 @@ def _compare_tab(app: MediagenApp, d: dict):
 
     def on_task(task_value, current):
         new = compare_choices(d, task_value if task_value in COMPARE_TASKS else "text-to-video")
-        mode = "prompt" if task_value == "text-to-image" else "class"
-        return gr.update(choices=new, value=[c for c in (current or []) if c in new]), gr.update(
-            value=image_steps(lim, mode))
+        return (gr.update(choices=new, value=[c for c in (current or []) if c in new]),
+                gr.update(value=start_steps(lim, task_value == "text-to-image")))
 
     task.change(on_task, [task, configs], [configs, steps], api_name=False)
     run.click(app.compare, [task, configs, prompt, class_label, seed, steps, guidance, frames, height, width],
