@@ -106,6 +106,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     still_steps = Limits().still_steps if args.still_steps is None else args.still_steps
+    if still_steps < 1:
+        p.error(f"--still-steps={still_steps} is not allowed: use 1 or more")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {}
