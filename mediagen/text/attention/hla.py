@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.backends import TRITON_DTYPES, auto_takes_kernels, kernels_serve
+from ..kernels.backends import TRITON_DTYPES, auto_takes_kernels, kernels_serve, records_gradients
 from ..kernels.hla import (bucket_representatives, chunk_gates, chunk_summaries, fla_available, gate_regularisers,
                            hla_chunked)
 from ..kernels.hla.chunk import _unchunked, gated_delta_rule_chunked, hla_chunked_indexed, pad_to_chunks, select_chunks
@@ -163,7 +163,7 @@ class HLAttention(nn.Module):
         if self.readout == "torch":
             return False
         blocker = None
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+        if records_gradients(x, self):
             blocker = "gradients are needed"
         elif need_aux:
             blocker = "auxiliary losses are asked for"

@@ -28,9 +28,14 @@ def kernels_serve(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in TRITON_DTYPES
 
 
+def records_gradients(x: torch.Tensor, layer) -> bool:
+    """Whether autograd records this call: gradients are on and x or one of ``layer``'s parameters wants one."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
+
+
 def auto_takes_kernels(x: torch.Tensor, layer) -> bool:
     """The "auto" rule of the layers' inference kernels: ``kernels_serve(x)``, outside torch.compile (which fuses
-    the torch ops itself), and no gradient recorded for x or ``layer``'s parameters (the kernels have none)."""
+    the torch ops itself), and no gradient recorded (``records_gradients``: the kernels have none)."""
     if not kernels_serve(x) or torch.compiler.is_compiling():
         return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())))
+    return not records_gradients(x, layer)
