@@ -33,7 +33,8 @@ from ....kernels.triton_dot import dot as _dot
 @triton.jit
 def hla_short_blocks_kernel(P, MASK, NEG_A, U, W, QG, KD, AQK, GLAST,
                             sp_b, sp_n, sm_b, sm_n, N, H, D,
-                            BT: tl.constexpr, BD: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr):
+                            BT: tl.constexpr, BD: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
+                            SB: tl.constexpr):
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     nblk = tl.num_programs(0)
@@ -61,12 +62,23 @@ def hla_short_blocks_kernel(P, MASK, NEG_A, U, W, QG, KD, AQK, GLAST,
     # masked before exp: above the diagonal g_t - g_s >= 0 could overflow
     decay = tl.exp(tl.where(r[:, None] >= r[None, :], g[:, None] - g[None, :], float("-inf")))
     a = tl.where(r[:, None] > r[None, :], _dot(k, tl.trans(k), IEEE) * decay * beta[:, None], 0.0)
-    # (I + A)^-1, row i = e_i - sum_{s < i} A_is (row s), rows in order
-    inv = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
-        row_i = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * inv, 0)
-        inv = tl.where(r[:, None] == i, row_i[None, :], inv)
+    # (I + A)^-1 by block forward substitution over diagonal blocks of SB rows: first every diagonal block's
+    # inverse at once (row i of each block = e_i - sum_{s < i} A_is (row s), SB - 1 steps), then block row b
+    # below them: T_bj = -T_bb sum_{k < b} A_bk T_kj for the blocks j < b
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    rb = r // SB
+    same = rb[:, None] == rb[None, :]
+    a_diag = tl.where(same, a, 0.0)
+    inv = eye
+    for i in tl.static_range(1, SB):
+        rows = (r % SB) == i
+        inv = tl.where(rows[:, None], eye - _dot(tl.where(rows[:, None], a_diag, 0.0), inv, IEEE), inv)
+    diag_inv = inv
+    for b in tl.static_range(1, BT // SB):
+        below = (rb[:, None] == b) & (rb[None, :] < b)
+        x = _dot(tl.where(below, a, 0.0), inv, IEEE)
+        y = _dot(tl.where((rb[:, None] == b) & same, diag_inv, 0.0), x, IEEE)
+        inv = tl.where(below, -y, inv)
     gamma = tl.exp(g)
     g_last = tl.sum(tl.where(r == BT - 1, g, 0.0), 0)
     dst = (bh.to(tl.int64) * nblk * BT + t)[:, None] * BD + j[None, :]
@@ -116,6 +128,9 @@ def hla_short_scan_kernel(U, W, QG, KD, AQK, GLAST, GATE, NW, OUT,
         tl.store(out, o.to(OUT.dtype.element_ty), mask=(t < N)[:, None] & (j < D)[None, :])
 
 
+SUB_BLOCK = 8   # rows of the diagonal blocks the inverse is built from
+
+
 def block_tokens(chunk: int) -> int:
     """Tokens per block: 32, or 16 for a chunk that 32 does not divide (the second chunk starts on a block);
     0 when neither divides it (the Triton path cannot serve that chunk)."""
@@ -132,7 +147,7 @@ def _launches(B, N, H, D, chunk, p_strides, m_strides, g_strides, o_strides, eps
     bd = max(16, triton.next_power_of_2(D))
     has_gate = N > chunk
     blocks = CachedLaunch((nblk, B * H), (*p_strides, *m_strides, N, H, D),
-                          dict(BT=bt, BD=bd, HAS_MASK=has_mask, IEEE=True, num_warps=4))
+                          dict(BT=bt, BD=bd, HAS_MASK=has_mask, IEEE=True, SB=SUB_BLOCK, num_warps=4))
     scan = CachedLaunch((B * H,), (*g_strides, *o_strides, N, H, D, nblk, chunk // bt, chunk, eps),
                         dict(BT=bt, BD=bd, HAS_GATE=has_gate, IEEE=exact_scan, num_warps=4))
     return blocks, scan, nblk * bt, nblk, bd, bt
