@@ -7,6 +7,7 @@ the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
     python -m benchmarks.sweep_mhla --kernels query_grad,key_grad   # only these, at Wan 480p
     python -m benchmarks.sweep_mhla --kernels summary,apply --shape "DiT-XL/2 512px"   # at another shape
     python -m benchmarks.sweep_mhla --dense    # only the dense kernel's tiles, DiT shapes
+    python -m benchmarks.sweep_mhla --dense --batches 8,64    # at other batch sizes (CFG doubles a batch)
 
 (from the repository root, as a module)
 """
@@ -89,14 +90,14 @@ def sweep_mix(shapes):
         print(f"{s.name} mix_grad parts summed: best (ms, sum, BR, BY) {ok[:4]}; torch {rows[0]}", flush=True)
 
 
-def sweep_dense(shapes):
-    """The dense kernel's launch settings at the DiT shapes."""
-    for s in shapes:
-        B, N, H, D = s.batch, s.tokens, s.heads, s.head_dim
+def sweep_dense(shapes, batches=(None,)):
+    """The dense kernel's launch settings at the DiT shapes, at each batch of ``batches`` (None: the shape's)."""
+    for s, batch in itertools.product(shapes, batches):
+        B, N, H, D = batch or s.batch, s.tokens, s.heads, s.head_dim
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         mix = locality_mix(s.blocks).cuda()
         rows = []
-        for bt, bs, warps, stages in itertools.product((64, 128, 256), (32, 64), (4, 8), (2, 3)):
+        for bt, bs, warps, stages in itertools.product((32, 64, 128, 256), (32, 64), (4, 8), (1, 2, 3)):
             # the head dim in two tiles (DiT's 72 in bf16) takes its settings from "dense_split"
             tiles = dict(BT=bt, BS=bs, warps=warps, stages=stages)
             with launch_settings("dense", **tiles, onehot=True), launch_settings("dense_split", **tiles):
@@ -105,7 +106,9 @@ def sweep_dense(shapes):
         with launch_settings("dense", onehot=False):
             gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
-        print(f"{s.name} dense (ms, BT, BS, warps, stages): best {ok[:3]}; worst {ok[-1]}", flush=True)
+        print(f"{s.name} B={B} dense (ms, BT, BS, warps, stages): best {ok[:3]}; worst {ok[-1]}", flush=True)
+        for bt in (32, 64, 128, 256):
+            print(f"  best with BT={bt}: {next((r for r in ok if r[1] == bt), None)}", flush=True)
         print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
 
 
@@ -116,10 +119,12 @@ def main():
     ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at --shape")
     ap.add_argument("--shape", default="Wan2.1-1.3B 81f 480x832", help="the shape --kernels sweeps at")
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
+    ap.add_argument("--batches", default="", help="with --dense: comma list of batch sizes (default: the shapes')")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
     if args.dense:
-        sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]])
+        batches = [int(b) for b in args.batches.split(",") if b] or [None]
+        sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], batches)
         return
     if args.mix:
         sweep_mix([s for s in GPU_SHAPES if 1024 <= s.tokens <= 32768])

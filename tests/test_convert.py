@@ -291,7 +291,7 @@ def test_wan_rope_tables_are_converted_once_per_forward():
     assert other[0] is not again[0] and torch.equal(other[0], again[0])
 
 
-@pytest.mark.parametrize("kernel", [[3, 1, 1], [1, 5, 1], [1, 1, 3], 1, [3, 3, 3], 3])
+@pytest.mark.parametrize("kernel", [[3, 1, 1], [1, 5, 1], [1, 1, 3], [7, 1, 1], 1, [3, 3, 3], 3])
 def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel):
     """The CPE adds, per channel, the depthwise conv of v over the token grid (zero past the ends)
     plus a bias: one-axis kernels as a sum of shifted copies in the token layout, others through
@@ -306,13 +306,19 @@ def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel):
     seen = []
     proc.cpe.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
     C = proc.cpe.in_channels
-    v = torch.randn(2, 3 * 4 * 6, C, dtype=torch.float64)
+    v = torch.randn(2, 3 * 4 * 6, C, dtype=torch.float64, requires_grad=True)
     proc.double()
     got = proc._cpe(v, grid)
     x = v.transpose(1, 2).reshape(2, C, *grid)
-    k = tuple(proc.cpe.kernel_size)
+    k = tuple(proc.cpe.kernel_size)  # [7, 1, 1] is longer than its axis (3): taps past both ends add nothing
     want = torch.nn.functional.conv3d(x, proc.cpe.weight, proc.cpe.bias, padding=tuple(a // 2 for a in k), groups=C)
-    torch.testing.assert_close(got, want.flatten(2).transpose(1, 2), rtol=1e-10, atol=1e-10)
+    want = want.flatten(2).transpose(1, 2)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    # and the same gradients for the tokens, the weights and the bias (training goes through it)
+    g = torch.randn_like(got)
+    params = (v, proc.cpe.weight, proc.cpe.bias)
+    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     axes_with_taps = sum(a > 1 for a in k)
     assert seen == ([] if axes_with_taps <= 1 else [True])
 

@@ -109,18 +109,23 @@ class GridSelfAttnProcessor(nn.Module):
         axes = [i for i, a in enumerate(k) if a > 1]
         if len(axes) <= 1:
             # A kernel along one axis (e.g. time, [3, 1, 1]) is a sum of k shifted copies of the
-            # tokens in their own (B, *grid, C) layout: no transpose, and torch.compile fuses the
-            # taps into one pass. cuDNN's depthwise 3D conv took 7.5 ms per layer (forward +
+            # tokens in their own (B, *grid, C) layout, no transpose: the centre tap plus the bias
+            # in one addcmul, then each other tap added in place over the rows it reaches (zero
+            # padding without a padded copy). One kernel per tap: eager, launches are what a small
+            # model's step costs (a padded copy and separate products and sums took 7 for 3 taps);
+            # torch.compile fuses them. cuDNN's depthwise 3D conv took 7.5 ms per layer (forward +
             # backward) at the Wan-MMNIST training shape on the H200 even on a channels-first copy.
             x = v.reshape(B, *grid, C)
             w = self.cpe.weight.reshape(C, -1)  # (C, taps)
-            if not axes:
-                return (x * w[:, 0] + self.cpe.bias).reshape(B, N, C)
-            dim, r = 1 + axes[0], k[axes[0]] // 2
-            pad = [0, 0] * (len(grid) + 1)
-            pad[2 * (len(grid) - axes[0])] = pad[2 * (len(grid) - axes[0]) + 1] = r  # F.pad lists dims last first
-            xp = F.pad(x, pad)
-            out = self.cpe.bias + sum(xp.narrow(dim, j, grid[axes[0]]) * w[:, j] for j in range(k[axes[0]]))
+            axis = axes[0] if axes else 0
+            r, length = k[axis] // 2, grid[axis]
+            out = torch.addcmul(self.cpe.bias, x, w[:, r])
+            for j in range(k[axis]):
+                s = j - r  # out[t] += w[:, j] * x[t + s] wherever 0 <= t + s < length
+                if s == 0 or abs(s) >= length:
+                    continue
+                n = length - abs(s)
+                out.narrow(1 + axis, max(-s, 0), n).addcmul_(x.narrow(1 + axis, max(s, 0), n), w[:, j])
             return out.reshape(B, N, C)
         # Channels-first and contiguous: the (B, N, C) tokens viewed as (B, C, *grid) have a
         # channels-last layout, for which cuDNN's depthwise conv is 7x slower (H200, bf16, Wan-MMNIST
