@@ -291,12 +291,15 @@ def test_wan_rope_tables_are_converted_once_per_forward():
     assert other[0] is not again[0] and torch.equal(other[0], again[0])
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 @pytest.mark.parametrize("kernel", [[3, 1, 1], [1, 5, 1], [1, 1, 3], [7, 1, 1], 1, [3, 3, 3], 3])
-def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel):
+def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel, traced, monkeypatch):
     """The CPE adds, per channel, the depthwise conv of v over the token grid (zero past the ends)
-    plus a bias: one-axis kernels as a sum of shifted copies in the token layout, others through
-    the conv on a contiguous channels-first copy (cuDNN's fast depthwise layout). The oracle is
-    F.conv3d with the module's own weights on the channels-first grid."""
+    plus a bias: one-axis kernels as a sum of shifted copies in the token layout (in place eager,
+    from a padded copy when traced), others through the conv on a contiguous channels-first copy
+    (cuDNN's fast depthwise layout). The oracle is F.conv3d with the module's own weights on the
+    channels-first grid."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
     grid = (3, 4, 6)
     model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], cpe_kernel=kernel, rope="features", grid=grid)
     proc = model.blocks[0].attn1.processor

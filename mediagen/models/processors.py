@@ -109,16 +109,25 @@ class GridSelfAttnProcessor(nn.Module):
         axes = [i for i, a in enumerate(k) if a > 1]
         if len(axes) <= 1:
             # A kernel along one axis (e.g. time, [3, 1, 1]) is a sum of k shifted copies of the
-            # tokens in their own (B, *grid, C) layout, no transpose: the centre tap plus the bias
-            # in one addcmul, then each other tap added in place over the rows it reaches (zero
-            # padding without a padded copy). One kernel per tap: eager, launches are what a small
-            # model's step costs (a padded copy and separate products and sums took 7 for 3 taps);
-            # torch.compile fuses them. cuDNN's depthwise 3D conv took 7.5 ms per layer (forward +
-            # backward) at the Wan-MMNIST training shape on the H200 even on a channels-first copy.
+            # tokens in their own (B, *grid, C) layout, no transpose. cuDNN's depthwise 3D conv took
+            # 7.5 ms per layer (forward + backward) at the Wan-MMNIST training shape on the H200 even
+            # on a channels-first copy.
             x = v.reshape(B, *grid, C)
             w = self.cpe.weight.reshape(C, -1)  # (C, taps)
             axis = axes[0] if axes else 0
             r, length = k[axis] // 2, grid[axis]
+            if torch.compiler.is_compiling():
+                # Traced: a zero-padded copy and the taps' products summed, which inductor fuses into
+                # one pass (the in-place form below made a compiled training step 1.4% slower, H200).
+                pad = [0, 0] * (len(grid) + 1)
+                pad[2 * (len(grid) - axis)] = pad[2 * (len(grid) - axis) + 1] = r  # F.pad lists dims last first
+                xp = F.pad(x, pad)
+                out = self.cpe.bias + sum(xp.narrow(1 + axis, j, length) * w[:, j] for j in range(k[axis]))
+                return out.reshape(B, N, C)
+            # Eager: the centre tap plus the bias in one addcmul, then each other tap added in place
+            # over the rows it reaches (zero padding without a padded copy): one kernel per tap, where
+            # the padded form takes seven for three taps, and launches are what a small model's
+            # eager step costs (video-mhla: 475 kernels per forward against 523, H200).
             out = torch.addcmul(self.cpe.bias, x, w[:, r])
             for j in range(k[axis]):
                 s = j - r  # out[t] += w[:, j] * x[t + s] wherever 0 <= t + s < length
