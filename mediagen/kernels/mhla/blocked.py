@@ -74,12 +74,15 @@ def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, featur
             return o.reshape(B, H, M * n_max, o.shape[-1])[:, :, inverse].transpose(1, 2)
 
     # Layout (B, H, M, n, E): every product below is a batched matmul over it with no operand copied, and Mc
-    # (shared (M, M) or per head (H, M, M)) mixes the (B, H, M, ...) summaries by broadcasting.
+    # (shared (M, M) or per head (H, M, M)) mixes the (B, H, M, ...) summaries broadcast over (B, H).
     qf, kf = feature(q.to(acc), feature_map), feature(k.to(acc), feature_map)
     qn, kn = (qf, kf) if cos is None else (rotate_pairs(qf, cos, sin), rotate_pairs(kf, cos, sin))
     Kn, V = blocked(kn), blocked(v.to(acc))
     S = Kn.transpose(-1, -2) @ V                                          # (B, H, M, D, D): S_b
-    m = mix.to(acc)
+    # Mc broadcast explicitly to (B, H, M, M): given a 2-D Mc that requires grad (a parameter, even under
+    # no_grad), torch.matmul instead folds the summaries into one matrix by a transposed copy. 2-core CPU,
+    # fp32: the op 2.36 -> 1.78 ms at DiT-MNIST's sampling shape (B = 8), 45 -> 35 ms at the video model's B = 16.
+    m = mix.to(acc).expand(B, H, M, M)
     S = (m @ S.reshape(B, H, M, D * D)).view(B, H, M, D, D)               # S~_i = sum_b mix[i, b] S_b
     Qn = blocked(qn)
     o = Qn @ S                                                            # (B, H, M, n, D)
