@@ -1,0 +1,74 @@
+"""Sampling latency of the shipped class-to-image models (the app's Image tab), side by side.
+
+    python -m benchmarks.image_latency                          # CPU fp32 (the app without a GPU)
+    python -m benchmarks.image_latency --device cuda --dtype bf16 --batches 1 4 64
+
+Each round times every model once per batch size, the models' order reversed every other round so that
+drift in the machine's speed (a shared or throttled CPU) falls on all of them alike; the first round is a
+warm-up. Prints one markdown row per model: the median and range of the timed rounds, in ms.
+(from the repository root, as a module)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from mediagen.pipelines import build_pipeline
+
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "mediagen" / "checkpoints"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["image-sdpa", "image-mhla", "image-linear"],
+                   help="shipped model names or pipeline folders")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--steps", type=int, default=8, help="the app's default")
+    p.add_argument("--rounds", type=int, default=6, help="timed rounds after one warm-up round")
+    args = p.parse_args(argv)
+    for name, value in (("--steps", args.steps), ("--rounds", args.rounds), *(("--batches", b) for b in args.batches)):
+        if value < 1:
+            p.error(f"{name}={value} is not allowed: use 1 or more")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    device = torch.device(args.device)
+    pipes = {}
+    for name in args.models:
+        folder = Path(name) if Path(name).is_dir() else CHECKPOINTS / name
+        if not folder.is_dir():
+            p.error(f"--models: {name!r} is neither a folder nor a shipped model in {CHECKPOINTS}")
+        pipes[folder.name] = build_pipeline(str(folder), device=device, dtype=dtype)
+        pipes[folder.name].set_progress_bar_config(disable=True)
+    times = {(n, b): [] for n in pipes for b in args.batches}
+    for rnd in range(args.rounds + 1):
+        order = list(pipes.items()) if rnd % 2 == 0 else list(reversed(pipes.items()))
+        for name, pipe in order:
+            for b in args.batches:
+                gen = torch.Generator().manual_seed(rnd)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    pipe(class_labels=[3] * b, num_inference_steps=args.steps, generator=gen, output_type="np")
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if rnd > 0:
+                    times[name, b].append(1e3 * (time.perf_counter() - t0))
+    print(f"device {device} ({torch.get_num_threads()} threads), {args.dtype}, {args.steps} steps, torch "
+          f"{torch.__version__}, median (min-max) of {args.rounds} rounds, ms")
+    print("| model | " + " | ".join(f"batch {b}" for b in args.batches) + " |")
+    print("|---|" + "---|" * len(args.batches))
+    for name in pipes:
+        cells = [times[name, b] for b in args.batches]
+        print(f"| {name} | " + " | ".join(f"{statistics.median(c):.0f} ({min(c):.0f}-{max(c):.0f})" for c in cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
