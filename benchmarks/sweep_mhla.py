@@ -123,7 +123,12 @@ def main():
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
     if args.dense:
-        batches = [int(b) for b in args.batches.split(",") if b] or [None]
+        try:
+            batches = [int(b) for b in args.batches.split(",") if b] or [None]
+        except ValueError:
+            ap.error(f"--batches={args.batches!r} is not allowed: use a comma list of positive ints, e.g. 8,64")
+        if any(b is not None and b < 1 for b in batches):
+            ap.error(f"--batches={args.batches!r} is not allowed: use a comma list of positive ints, e.g. 8,64")
         sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], batches)
         return
     if args.mix:
