@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from mediagen.eval.timing import measure
 from mediagen.pipelines import build_pipeline
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "mediagen" / "checkpoints"
@@ -50,16 +50,14 @@ def main(argv=None) -> int:
         order = list(pipes.items()) if rnd % 2 == 0 else list(reversed(pipes.items()))
         for name, pipe in order:
             for b in args.batches:
-                gen = torch.Generator().manual_seed(rnd)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    pipe(class_labels=[3] * b, num_inference_steps=args.steps, generator=gen, output_type="np")
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                def sample(pipe=pipe, b=b, seed=rnd):
+                    with torch.no_grad():
+                        pipe(class_labels=[3] * b, num_inference_steps=args.steps,
+                             generator=torch.Generator().manual_seed(seed), output_type="np")
+
+                ms = measure(sample, device, warmup=0, repeats=1).median_ms
                 if rnd > 0:
-                    times[name, b].append(1e3 * (time.perf_counter() - t0))
+                    times[name, b].append(ms)
     print(f"device {device} ({torch.get_num_threads()} threads), {args.dtype}, {args.steps} steps, torch "
           f"{torch.__version__}, median (min-max) of {args.rounds} rounds, ms")
     print("| model | " + " | ".join(f"batch {b}" for b in args.batches) + " |")
