@@ -1,7 +1,7 @@
 """Sampling latency of the shipped class-to-image models (the app's Image tab), side by side.
 
     python -m benchmarks.image_latency                          # CPU fp32 (the app without a GPU)
-    python -m benchmarks.image_latency --device cuda --dtype bf16 --batches 1 4 64
+    python -m benchmarks.image_latency --device cuda --dtype bf16 --batches 1 4 64 [--runtime compile]
 
 Each round times every model once per batch size, the models' order reversed every other round so that
 drift in the machine's speed (a shared or throttled CPU) falls on all of them alike; the first round is a
@@ -19,6 +19,7 @@ import torch
 
 from mediagen.eval.timing import measure
 from mediagen.pipelines import build_pipeline
+from mediagen.pipelines.runtime import RUNTIMES, check_runtime
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "mediagen" / "checkpoints"
 
@@ -32,12 +33,19 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     p.add_argument("--steps", type=int, default=8, help="the app's default")
     p.add_argument("--rounds", type=int, default=6, help="timed rounds after one warm-up round")
+    p.add_argument("--runtime", default="eager", choices=RUNTIMES,
+                   help="how the denoising loop runs the transformer (the pipelines' set_runtime); a compiled "
+                        "runtime compiles in the warm-up round")
     args = p.parse_args(argv)
     for name, value in (("--steps", args.steps), ("--rounds", args.rounds), *(("--batches", b) for b in args.batches)):
         if value < 1:
             p.error(f"{name}={value} is not allowed: use 1 or more")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     device = torch.device(args.device)
+    try:
+        check_runtime(args.runtime, device)
+    except ValueError as err:
+        p.error(f"--runtime: {err}")
     pipes = {}
     for name in args.models:
         folder = Path(name) if Path(name).is_dir() else CHECKPOINTS / name
@@ -45,6 +53,7 @@ def main(argv=None) -> int:
             p.error(f"--models: {name!r} is neither a folder nor a shipped model in {CHECKPOINTS}")
         pipes[folder.name] = build_pipeline(str(folder), device=device, dtype=dtype)
         pipes[folder.name].set_progress_bar_config(disable=True)
+        pipes[folder.name].set_runtime(args.runtime)
     times = {(n, b): [] for n in pipes for b in args.batches}
     for rnd in range(args.rounds + 1):
         order = list(pipes.items()) if rnd % 2 == 0 else list(reversed(pipes.items()))
@@ -58,7 +67,7 @@ def main(argv=None) -> int:
                 ms = measure(sample, device, warmup=0, repeats=1).median_ms
                 if rnd > 0:
                     times[name, b].append(ms)
-    print(f"device {device} ({torch.get_num_threads()} threads), {args.dtype}, {args.steps} steps, torch "
+    print(f"device {device} ({torch.get_num_threads()} threads), {args.dtype}, {args.runtime}, {args.steps} steps, torch "
           f"{torch.__version__}, median (min-max) of {args.rounds} rounds, ms")
     print("| model | " + " | ".join(f"batch {b}" for b in args.batches) + " |")
     print("|---|" + "---|" * len(args.batches))

@@ -19,7 +19,8 @@ def test_prints_a_timed_row_per_model(capsys):
 
 
 @pytest.mark.parametrize("args, words", [(["--steps", "0"], "--steps=0"), (["--batches", "1", "-2"], "--batches=-2"),
-                                         (["--models", "no-such-model"], "no-such-model")])
+                                         (["--models", "no-such-model"], "no-such-model"),
+                                         (["--runtime", "cuda-graphs", "--device", "cpu"], "cuda-graphs")])
 def test_bad_arguments_are_refused_with_the_value(args, words, capsys):
     with pytest.raises(SystemExit):
         image_latency.main(args)

@@ -257,6 +257,38 @@ def test_dispatch_defaults(device):
     assert rel_err(tri, ref) < 1e-4 and rel_err(blocked, ref) < 1e-5
     assert torch.equal(auto, tri if device.type == "cuda" else blocked)  # Triton on CUDA, blocked elsewhere
 
+@pytest.mark.parametrize("algorithm", ["dense", "chunked"])
+def test_fp32_copy_of_a_half_mix_is_reused_until_it_changes(device, algorithm):
+    """A bf16 Mc is copied to fp32 once and the copy reused while Mc is unchanged; an in-place write to Mc (as an
+    optimizer step or a load makes) is seen by the next call."""
+    q, k, v = make(2, (4, 6), 2, 16, torch.bfloat16, device, "relu")
+    mix = torch.rand(4, 4, device=device).to(torch.bfloat16)
+    args = ((4, 6), (2, 2))
+    first = mhla(q, k, v, mix, *args, feature_map="relu", backend="triton", algorithm=algorithm)
+    copy = mix._mediagen_fp32[1]
+    again = mhla(q, k, v, mix, *args, feature_map="relu", backend="triton", algorithm=algorithm)
+    assert mix._mediagen_fp32[1] is copy and torch.equal(again, first)
+    with torch.no_grad():
+        mix[0].mul_(4).add_(1)
+    changed = mhla(q, k, v, mix, *args, feature_map="relu", backend="triton", algorithm=algorithm)
+    assert mix._mediagen_fp32[1] is not copy and torch.equal(mix._mediagen_fp32[1], mix.float())
+    want = mhla(q, k, v, mix.float(), *args, feature_map="relu", backend="reference")
+    assert rel_err(changed, want) < 1e-2 and rel_err(first, want) > 1e-2
+
+
+def test_algorithm_choice_charges_the_host_only_in_eager():
+    """At the video model's sampling shape (B = 2, 1,024 tokens, 6 x 64, RoPE, 16 blocks) eager takes the one-launch
+    dense forward (the host's launches cost more than its extra GPU work) and traced code the chunked one; at a
+    batch of 16 both take chunked, at DiT-XL/2 256 px both take dense."""
+    video = dict(N=1024, H=6, D=64, M=16, splits=1, dtype=torch.bfloat16, rope=True, for_backward=False)
+    eager = triton_op.EAGER_LAUNCH_S
+    assert triton_op.choose_algorithm(B=2, **video, launch_s=eager) == "dense"
+    assert triton_op.choose_algorithm(B=2, **video) == "chunked"
+    assert triton_op.choose_algorithm(B=16, **video, launch_s=eager) == "chunked"
+    dit = dict(B=8, N=256, H=16, D=72, M=16, splits=1, dtype=torch.bfloat16)
+    assert triton_op.choose_algorithm(**dit, launch_s=eager) == triton_op.choose_algorithm(**dit) == "dense"
+
+
 
 @pytest.mark.parametrize("dtype,keep", [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)])
 def test_custom_op_registration(device, dtype, keep):

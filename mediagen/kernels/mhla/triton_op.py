@@ -153,17 +153,26 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
     return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
 
-def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True) -> str:
+# Host seconds per launch charged by ``choose_algorithm``. Eager, the host issues every launch on every call: a
+# direct launch took 11-18 us on the H200 machine's host, and the chunked forward also allocates the summaries
+# it writes; at the video model's sampling shape (B = 2, 1,024 tokens, 6 x 64, 16 blocks) the dense forward
+# made an eager forward pass 1.8 ms faster over 8 layers (median of 10 interleaved rounds) although its GPU time
+# was 0.18 ms longer. Traced code (torch.compile, CUDA graphs) launches from generated code or replays a graph,
+# so there the GPU time decides.
+EAGER_LAUNCH_S, TRACED_LAUNCH_S = 20e-6, 5e-6
+
+
+def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True, launch_s=TRACED_LAUNCH_S) -> str:
     """Cost model in seconds on an H200-class GPU: bytes at ~3 TB/s, dense dot work at ~150 TFLOP/s,
-    ~5 us per launch (chunked runs summary, mix and apply). With rope the dense kernel does a
+    ``launch_s`` per launch (chunked runs summary, mix and apply). With rope the dense kernel does a
     third dot (the un-rotated scores) and both read the angle tables. ``for_backward``: the summaries are kept
     for a backward (``summary_dtype``)."""
     es = 4 if dtype == torch.float32 else 2
     ss = summary_dtype(dtype, for_backward).itemsize
     BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
-    chunked = (io + 4 * ss * B * H * M * splits * (D * D + D)) / 3e12 + 3 * 5e-6
-    dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + 5e-6
+    chunked = (io + 4 * ss * B * H * M * splits * (D * D + D)) / 3e12 + 3 * launch_s
+    dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + launch_s
     return "dense" if dense < chunked else "chunked"
 
 
@@ -601,7 +610,7 @@ class _Plan:
             largest = math.prod([-(-g // b) for g, b in zip(grid, blocks)])  # ceil(L/b) tokens per axis at most
             splits = choose_splits(B, H, M, largest, D, device)
         if algorithm == "auto":
-            algorithm = choose_algorithm(B, N, H, D, M, splits, dtype, cos is not None, keep)
+            algorithm = choose_algorithm(B, N, H, D, M, splits, dtype, cos is not None, keep, EAGER_LAUNCH_S)
         # M: the blocks this process holds, whose tokens q, k, v are (all of them without an exchange);
         # M_all: the blocks of Mc, whose summaries the mix reads
         self.M_all = M
@@ -650,7 +659,7 @@ class _Plan:
 
     def mix_operand(self, mix):
         """Mc as the kernels read it; with an exchange, the held rows only."""
-        m = mix.float().contiguous() if self.mix_copy else mix
+        m = _fp32_mix(mix) if self.mix_copy else mix
         return m if self.rows is None else m[..., self.rows, :]
 
     def forward(self, q, k, v, mix, cos, sin, exchange=None):
@@ -695,6 +704,21 @@ class _Plan:
             dmix = _held_rows_mix_grad(dmixed, sz, mix.shape, self.rows)
         dk, dv = _run_key_grad(bp.key_grad, k, v, dsz, order, offsets, cos, sin)
         return dq, dk, dv, dmix if dmix.dtype == mix.dtype else dmix.to(mix.dtype)
+
+
+def _fp32_mix(mix):
+    """Mc as fp32 and contiguous, the copy kept on ``mix`` and reused while its data pointer and version counter
+    are unchanged (an in-place write, an optimizer step or a load bumps the version): a bf16 model's Mc was
+    copied on every call, 12 us of host time a call (H200 machine, one layer of a class-to-image DiT). Not kept
+    from inside a CUDA-graph capture, whose memory belongs to the graph."""
+    key = (mix.data_ptr(), mix._version)
+    hit = getattr(mix, "_mediagen_fp32", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    m = mix.detach().float().contiguous()
+    if not (mix.is_cuda and torch.cuda.is_current_stream_capturing()):
+        mix._mediagen_fp32 = (key, m)
+    return m
 
 
 class _BackwardPlan:
@@ -883,7 +907,9 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
             algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None, keep)
         args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
                 1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin, keep)
-        return torch.ops.mediagen.mhla_fwd(q, k, v, mix, *args)[0]
+        # Mc as the kernels read it (fp32, contiguous) made in the graph, where inductor fuses the cast,
+        # rather than inside the op as one more eager copy per call
+        return torch.ops.mediagen.mhla_fwd(q, k, v, mix.float().contiguous(), *args)[0]
     keep = _needs_grad(q, k, v, mix)
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
                  1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin,
