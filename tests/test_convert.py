@@ -296,9 +296,9 @@ def test_wan_rope_tables_are_converted_once_per_forward():
 def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel, traced, monkeypatch):
     """The CPE adds, per channel, the depthwise conv of v over the token grid (zero past the ends)
     plus a bias: one-axis kernels as a sum of shifted copies in the token layout (in place eager,
-    from a padded copy when traced), others through the conv on a contiguous channels-first copy
-    (cuDNN's fast depthwise layout). The oracle is F.conv3d with the module's own weights on the
-    channels-first grid."""
+    from a padded copy when traced), others through the conv, on a CPU on the tokens viewed channels-last
+    (no copy: oneDNN's fast layout; on a GPU a contiguous channels-first copy, cuDNN's). The oracle is
+    F.conv3d with the module's own weights on the channels-first grid."""
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
     grid = (3, 4, 6)
     model = mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2], cpe_kernel=kernel, rope="features", grid=grid)
@@ -307,7 +307,8 @@ def test_cpe_matches_the_depthwise_conv_of_the_token_grid(kernel, traced, monkey
         proc.cpe.weight.normal_()
         proc.cpe.bias.normal_()
     seen = []
-    proc.cpe.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    proc.cpe.register_forward_pre_hook(
+        lambda m, args: seen.append(args[0].is_contiguous(memory_format=torch.channels_last_3d)))
     C = proc.cpe.in_channels
     v = torch.randn(2, 3 * 4 * 6, C, dtype=torch.float64, requires_grad=True)
     proc.double()
