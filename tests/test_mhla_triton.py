@@ -257,6 +257,7 @@ def test_dispatch_defaults(device):
     assert rel_err(tri, ref) < 1e-4 and rel_err(blocked, ref) < 1e-5
     assert torch.equal(auto, tri if device.type == "cuda" else blocked)  # Triton on CUDA, blocked elsewhere
 
+
 @pytest.mark.parametrize("algorithm", ["dense", "chunked"])
 def test_fp32_copy_of_a_half_mix_is_reused_until_it_changes(device, algorithm):
     """A bf16 Mc is copied to fp32 once and the copy reused while Mc is unchanged; an in-place write to Mc (as an
@@ -287,7 +288,6 @@ def test_algorithm_choice_charges_the_host_only_in_eager():
     assert triton_op.choose_algorithm(B=16, **video, launch_s=eager) == "chunked"
     dit = dict(B=8, N=256, H=16, D=72, M=16, splits=1, dtype=torch.bfloat16)
     assert triton_op.choose_algorithm(**dit, launch_s=eager) == triton_op.choose_algorithm(**dit) == "dense"
-
 
 
 @pytest.mark.parametrize("dtype,keep", [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)])
