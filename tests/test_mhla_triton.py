@@ -304,6 +304,54 @@ def test_custom_op_registration(device, dtype, keep):
     assert sz.dtype == (torch.float32 if keep or dtype == torch.float32 else torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype,per_head,rope", [(torch.float32, False, False), (torch.bfloat16, True, False),
+                                                 (torch.bfloat16, False, True)])
+def test_dense_triton_op(device, dtype, per_head, rope):
+    """``mediagen::mhla_dense`` (the dense forward traced code launches from Inductor's code): schema and fake
+    implementation agree with the kernel, and its output is the reference's."""
+    grid, blocks, H, D = (5, 6), (2, 3), 2, 16
+    q, k, v = make(2, grid, H, D, dtype, device, "relu")
+    mix = torch.rand(*((H,) if per_head else ()), 6, 6, device=device)
+    cos = sin = None
+    if rope:
+        angles = torch.rand(30, D // 2, device=device) * 6
+        cos, sin = angles.cos(), angles.sin()
+    blk = triton_op._token_blocks_int32(grid, blocks, device)
+    args = (q, k, v, mix, blk, True, 1e-6, "relu", 1.0, cos, sin)
+    # (the fake implementation runs on a GPU: Triton's CPU interpreter launches a kernel even on fake tensors)
+    checks = ("test_schema", "test_faketensor") if q.is_cuda else ("test_schema",)
+    torch.library.opcheck(torch.ops.mediagen.mhla_dense.default, args, test_utils=checks)
+    got = torch.ops.mediagen.mhla_dense(*args)
+    want = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu",
+                          rope=None if cos is None else (cos.double(), sin.double()))
+    assert got.dtype == dtype and rel_err(got, want) < TOL[dtype]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Inductor's Triton code runs on a GPU")
+def test_compiled_sampling_launches_the_dense_kernel_from_inductor():
+    """Traced without gradients, the dense forward is launched by Inductor's generated code (no custom-op call per
+    step) and matches eager; with gradients the custom op and its autograd stay."""
+    from torch._inductor.utils import run_and_get_code
+
+    grid, blocks = (14, 14), (3, 3)
+    q, k, v = make(2, grid, 3, 64, torch.bfloat16, "cuda", "relu")
+    mix = torch.rand(9, 9, device="cuda", dtype=torch.bfloat16)
+
+    def layer(q, k, v, mix):
+        return mhla(q * 2, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got, code = run_and_get_code(torch.compile(layer, fullgraph=True), q, k, v, mix)
+        want = layer(q, k, v, mix)
+    code = "\n".join(code)
+    assert "dense_forward_kernel" in code and "mediagen.mhla_fwd" not in code
+    assert rel_err(got, want) < 1e-2
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(layer, fullgraph=True), q, k, v, mix.float().requires_grad_())
+    assert "mediagen.mhla_fwd" in "\n".join(code)
+
+
 def test_summaries_kept_for_a_backward_are_fp32(device, monkeypatch):
     """A bf16 forward keeps fp32 summaries when something will be differentiated (the backward's gradients
     subtract nearly equal terms made of them) and stores bf16 ones when nothing is (half the bytes)."""

@@ -28,7 +28,17 @@ from torch import nn
 from ..attention import LinearAttention, MHLAttention
 from .attention_spec import AttentionSpec
 
+try:  # triton ships with CUDA builds of torch on Linux; elsewhere the CPE is the conv
+    from ..kernels.cpe import cpe_add
+except ImportError:  # pragma: no cover - platform without triton
+    cpe_add = None
+
 _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+
+
+def fused_cpe_device(t: torch.Tensor) -> bool:
+    """Whether the CPE runs as one Triton launch on ``t``'s device (a GPU; CPUs keep oneDNN's conv)."""
+    return cpe_add is not None and t.is_cuda
 
 
 def wan_rope_tables(rotary_emb) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +179,21 @@ class GridSelfAttnProcessor(nn.Module):
         if self.out_gate is not None:
             o = o * F.silu(self.out_gate(hidden_states))
         if self.cpe is not None:
-            o = o + self._cpe(v.flatten(2), grid)
+            o = self._add_cpe(o, v.flatten(2), grid)
         return self.project_out(attn, o.type_as(q), residual)
+
+    def _add_cpe(self, o, v, grid):
+        """o + CPE(v). Sampling on a GPU (nothing to differentiate): one Triton launch that reads the tokens in
+        their own layout and adds to o (``kernels.cpe``), where the conv path takes a layout copy, the conv, a
+        transpose and the add; traced, as a Triton op that Inductor's code launches itself."""
+        cpe = self.cpe
+        differentiated = torch.is_grad_enabled() and (o.requires_grad or v.requires_grad or cpe.weight.requires_grad
+                                                      or cpe.bias.requires_grad)
+        if differentiated or not fused_cpe_device(v):
+            return o + self._cpe(v, grid)
+        if torch.compiler.is_compiling():
+            return torch.ops.mediagen.cpe_add(o, v, cpe.weight, cpe.bias, list(grid))
+        return cpe_add(o, v, cpe.weight, cpe.bias, grid)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, rope_features={self.rope_features}"

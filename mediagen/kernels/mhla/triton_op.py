@@ -47,6 +47,8 @@ POISON_OUTPUTS = False
 # Plans and launch records kept at most (an entry is a few hundred bytes plus, for plans, the small index
 # tensors of their grid); past this the cache starts over.
 MAX_CACHED = 1024
+# Traced code without a backward launches the dense forward from Inductor's own code (``mhla_dense``)
+TRACED_DENSE_OP = True
 
 
 def _next_pow2(n: int) -> int:
@@ -875,6 +877,37 @@ def _backward(ctx, grad_o, grad_sz, grad_mixed):
 mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---- torch.compile, sampling on a GPU: the dense forward as a Triton op ----------------------------
+# Under Inductor a custom op runs as a Python call at every step (``mhla_fwd``: the dispatcher's wrapper, then
+# ``forward_impl``): about 95 µs of host time a call on the H200 against 26-28 for cuDNN's attention, at the
+# class-to-image DiT's sampling shape. A ``triton_op`` is traced into the graph instead, so Inductor's own
+# generated code launches the dense kernel. Only the forward without a backward takes it (the dense forward
+# keeps nothing a backward could use); training keeps ``mhla_fwd`` and its registered autograd.
+
+@torch.compiler.assume_constant_result
+def _traced_token_blocks(grid: tuple[int, ...], blocks: tuple[int, ...], device: torch.device):
+    """The dense kernel's block id per token, kept by traced code as a constant (``_token_blocks_int32``)."""
+    return _token_blocks_int32(grid, blocks, device)
+
+
+@torch.library.triton_op("mediagen::mhla_dense", mutates_args=())
+def mhla_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Tensor, blk: torch.Tensor,
+               normalize: bool, eps: float, feature_map: str, scale: float, cos: Optional[torch.Tensor] = None,
+               sin: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The dense forward: q, k, v (B, N, H, D) on a GPU, ``mix`` fp32 and contiguous (M, M) or (H, M, M),
+    ``blk`` the tokens' block ids (int32)."""
+    from torch.library import wrap_triton
+
+    M = mix.shape[-1]
+    launch = _dense_launch(current_settings(), q.shape, q.dtype, (q.stride(), k.stride(), v.stride()),
+                           _table_strides(cos, sin), M, mix.dim() == 3, normalize, eps, scale,
+                           FEATURE_CODES[feature_map])
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    wrap_triton(dense_forward_kernel)[launch.grid](q, k, v, mix, blk, o, q if cos is None else cos,
+                                                    q if sin is None else sin, *launch.scalars, **launch.consts)
+    return o
+
+
 def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None,
                 algorithm="auto", splits=None, rope=None, exchange=None):
     """Arguments already validated by ``mhla``. Returns o (B, N, H, D) in q's dtype.
@@ -905,11 +938,16 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
         keep = _needs_grad(q, k, v, mix)
         if algorithm == "auto":
             algorithm = choose_algorithm(B, N, H, D, M, splits, q.dtype, rope is not None, keep)
-        args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
-                1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin, keep)
         # Mc as the kernels read it (fp32, contiguous) made in the graph, where inductor fuses the cast,
         # rather than inside the op as one more eager copy per call
-        return torch.ops.mediagen.mhla_fwd(q, k, v, mix.float().contiguous(), *args)[0]
+        mixf = mix.float().contiguous()
+        if algorithm == "dense" and not keep and q.is_cuda and not _interpreting() and TRACED_DENSE_OP:
+            blk = _traced_token_blocks(tuple(grid), tuple(blocks), q.device)
+            return torch.ops.mediagen.mhla_dense(q, k, v, mixf, blk, normalize, float(eps), feature_map or "none",
+                                                 1.0 if scale is None else float(scale), cos, sin)
+        args = (list(grid), list(blocks), normalize, float(eps), feature_map or "none",
+                1.0 if scale is None else float(scale), algorithm, int(splits), cos, sin, keep)
+        return torch.ops.mediagen.mhla_fwd(q, k, v, mixf, *args)[0]
     keep = _needs_grad(q, k, v, mix)
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
                  1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin,
