@@ -373,3 +373,17 @@ def test_adding_a_cpe_keeps_the_trained_weights_and_the_output():
     # anything beyond adding the CPE still asks for reinit
     with pytest.raises(ValueError, match="reinit=True"):
         mediagen.convert(model, "mhla", cpe_kernel=[3, 1, 1], out_norm=False)
+
+
+def test_dit_processor_divides_by_the_layers_rescale_factor():
+    """DiT's attention output is divided by ``rescale_output_factor`` (diffusers' rule), skipped only at 1."""
+    model = mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2])
+    attn = model.transformer_blocks[0].attn1
+    x = torch.randn(2, 16, attn.inner_dim)
+    with torch.no_grad():
+        model(**dit_inputs(), return_dict=False)  # the pre-hook records the latent grid
+        one = attn(x)
+        attn.rescale_output_factor = 2.0
+        two = attn(x)
+    torch.testing.assert_close(two, one / 2)
+    assert one.abs().max() > 0

@@ -84,16 +84,17 @@ def check_cpe_args(o, v, weight, bias, grid):
 
 
 def cpe_add_reference(o, v, weight, bias, grid):
-    """``o + depthwise_conv(v over grid) + bias`` with torch ops, in the dtype ``o + v`` promotes to."""
+    """``o + depthwise_conv(v over grid) + bias`` with torch ops in float64, returned in the dtype ``o + v``
+    promotes to."""
     check_cpe_args(o, v, weight, bias, grid)
     B, N, C = v.shape
     g3 = grid3(grid)
     k = (1,) * (3 - (weight.dim() - 2)) + tuple(weight.shape[2:])
-    x = v.transpose(1, 2).reshape(B, C, *g3).float()
-    conv = torch.nn.functional.conv3d(x, weight.reshape(C, 1, *k).float(),
-                                      None if bias is None else bias.float(), padding=tuple(a // 2 for a in k),
+    x = v.transpose(1, 2).reshape(B, C, *g3).double()  # (float64: a GPU's fp32 conv may round to tf32)
+    conv = torch.nn.functional.conv3d(x, weight.reshape(C, 1, *k).double(),
+                                      None if bias is None else bias.double(), padding=tuple(a // 2 for a in k),
                                       groups=C)
-    return (o.float() + conv.flatten(2).transpose(1, 2)).to(torch.promote_types(o.dtype, v.dtype))
+    return (o.double() + conv.flatten(2).transpose(1, 2)).to(torch.promote_types(o.dtype, v.dtype))
 
 
 def _launch(shape, strides, g3, k3, has_bias) -> CachedLaunch:
