@@ -108,19 +108,26 @@ def test_sampling_takes_the_fused_cpe_and_training_the_conv(device, monkeypatch)
 @pytest.mark.skipif(not ON_GPU, reason="Inductor's Triton code runs on a GPU")
 def test_compiled_sampling_launches_the_cpe_kernel_from_inductor():
     """Traced without gradients, Inductor's code launches the CPE kernel and the MHLA dense kernel itself (no
-    conv, no custom-op call) and the compiled model matches eager."""
+    conv for the CPE, no custom-op call) and the compiled model matches eager."""
     from torch._inductor.utils import run_and_get_code
+
+    inputs = {k: t.cuda() for k, t in dit_inputs().items()}
+
+    def compiled(model):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = model(**inputs, return_dict=False)[0]
+            got, code = run_and_get_code(torch.compile(model), **inputs, return_dict=False)
+        return got[0], want, "\n".join(code)
 
     model = mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2], cpe_kernel=3).cuda()
     for proc in (blk.attn1.processor for blk in model.transformer_blocks):
         with torch.no_grad():
             proc.cpe.weight.normal_()
             proc.cpe.bias.normal_()
-    inputs = {k: t.cuda() for k, t in dit_inputs().items()}
-    torch._dynamo.reset()
-    with torch.no_grad():
-        want = model(**inputs, return_dict=False)[0]
-        got, code = run_and_get_code(torch.compile(model), **inputs, return_dict=False)
-    code = "\n".join(code)
-    assert "cpe_add_kernel" in code and "convolution" not in code and "mediagen.mhla_fwd" not in code
-    torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)
+    got, want, code = compiled(model)
+    plain = compiled(mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2]).cuda())[2]
+    assert "cpe_add_kernel" in code and "mediagen.mhla_fwd" not in code
+    # the patch embedding's conv is the only one, as in the same model without a CPE
+    assert code.count("convolution") == plain.count("convolution")
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
