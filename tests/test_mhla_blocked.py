@@ -23,8 +23,9 @@ CASES = [  # grid, blocks, H, D, feature_map, rope, normalize, per-head mix
 ]
 
 
+@pytest.mark.parametrize("form", ["blocked", "quadratic"])
 @pytest.mark.parametrize("grid, blocks, H, D, fmap, rope, normalize, per_head", CASES)
-def test_blocked_equals_the_reference_forward_and_backward(grid, blocks, H, D, fmap, rope, normalize, per_head):
+def test_blocked_equals_the_reference_forward_and_backward(grid, blocks, H, D, fmap, rope, normalize, per_head, form):
     g = torch.Generator().manual_seed(hash((grid, blocks)) % 2**31)
     N, M, B = math.prod(grid), math.prod(blocks), 2
     q, k, v = (torch.randn(B, N, H, D, dtype=torch.float64, generator=g).requires_grad_() for _ in range(3))
@@ -37,7 +38,7 @@ def test_blocked_equals_the_reference_forward_and_backward(grid, blocks, H, D, f
         tables = (angle.cos(), angle.sin())
     kw = dict(normalize=normalize, eps=1e-6, feature_map=fmap, scale=None if normalize else 0.3, rope=tables)
     want = mhla_reference(q, k, v, mix, grid, blocks, **kw)
-    got = mhla_blocked(q, k, v, mix, grid, blocks, **kw)
+    got = mhla_blocked(q, k, v, mix, grid, blocks, **kw, form=form)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     w = torch.randn(want.shape, dtype=torch.float64, generator=g)
     g_want = torch.autograd.grad((want * w).sum(), (q, k, v, mix))
@@ -71,3 +72,21 @@ def test_cpu_tensors_take_the_blocked_path_and_the_others_stay_selectable(monkey
     assert calls == ["blocked"]
     with pytest.raises(ValueError, match="backend='fast' is not allowed"):
         mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="fast")
+
+
+def test_short_sequences_take_the_quadratic_form(monkeypatch):
+    """"auto" takes the quadratic form where it does at most 3x the blocked form's multiply-adds (the class-to-image
+    model's 196 tokens, D = 64, 9 blocks) and the blocked form for long sequences and huge score tensors; an
+    unknown form is refused."""
+    blocked = importlib.import_module("mediagen.kernels.mhla.blocked")
+    assert blocked.quadratic_pays(B=2, N=196, H=3, D=64, M=9)
+    assert not blocked.quadratic_pays(B=2, N=784, H=3, D=64, M=9)
+    assert not blocked.quadratic_pays(B=2, N=1024, H=6, D=64, M=16)  # the video model's grid
+    assert not blocked.quadratic_pays(B=4096, N=196, H=3, D=64, M=9)  # 4.7e8 scores
+    taken = []
+    monkeypatch.setattr(blocked, "_quadratic", lambda *a: taken.append(1) or torch.zeros(()))
+    q = torch.randn(2, 196, 3, 64)
+    mhla(q, q, q, torch.rand(9, 9), (14, 14), (3, 3), feature_map="relu")
+    assert taken == [1]
+    with pytest.raises(ValueError, match="form='dense' is not allowed"):
+        mhla_blocked(q, q, q, torch.rand(9, 9), (14, 14), (3, 3), form="dense")
