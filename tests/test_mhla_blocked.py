@@ -40,6 +40,9 @@ def test_blocked_equals_the_reference_forward_and_backward(grid, blocks, H, D, f
     want = mhla_reference(q, k, v, mix, grid, blocks, **kw)
     got = mhla_blocked(q, k, v, mix, grid, blocks, **kw, form=form)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # (nothing differentiated: the quadratic form works in place)
+        torch.testing.assert_close(mhla_blocked(q, k, v, mix, grid, blocks, **kw, form=form), want.detach(),
+                                   rtol=1e-10, atol=1e-12)
     w = torch.randn(want.shape, dtype=torch.float64, generator=g)
     g_want = torch.autograd.grad((want * w).sum(), (q, k, v, mix))
     g_got = torch.autograd.grad((got * w).sum(), (q, k, v, mix))

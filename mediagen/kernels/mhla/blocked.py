@@ -81,14 +81,24 @@ def _token_ids(grid: tuple[int, ...], blocks: tuple[int, ...], device: torch.dev
 def _quadratic(qf, kf, qn, kn, v, mix, ids, normalize, eps, scale):
     """The quadratic form on (B, N, H, E) features (``qn``, ``kn``: the numerator's, rotated with RoPE)."""
     w = mix[..., ids[:, None], ids[None, :]]                              # (N, N) or (H, N, N): mix[i(t), i(s)]
-    p = (qn.transpose(1, 2) @ kn.permute(0, 2, 3, 1)) * w                 # (B, H, N, N)
+    # in place where nothing is differentiated (sampling): the (B, H, N, N) temporaries are the form's main cost
+    # besides its two matmuls (2-core CPU, 196 tokens, 3 x 64, interleaved: 388-526 against 418-768 us at B = 2,
+    # 3.4 against 3.9-4.1 ms at B = 8, faster in 47 of 48 rounds)
+    inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (qf, kf, qn, kn, v, w)))
+
+    def weighted_scores(a, b):
+        p = a.transpose(1, 2) @ b.permute(0, 2, 3, 1)                     # (B, H, N, N)
+        return p.mul_(w) if inplace else p * w
+
+    p = weighted_scores(qn, kn)
     o = p @ v.transpose(1, 2)                                             # (B, H, N, D)
     if normalize:
         if qn is not qf:  # RoPE rotates the numerator's features only
-            p = (qf.transpose(1, 2) @ kf.permute(0, 2, 3, 1)) * w
-        o = o / (p.sum(-1, keepdim=True) + eps)
+            p = weighted_scores(qf, kf)
+        den = p.sum(-1, keepdim=True)
+        o = o.div_(den.add_(eps)) if inplace else o / (den + eps)
     elif scale is not None:
-        o = o * scale
+        o = o.mul_(scale) if inplace else o * scale
     return o.transpose(1, 2)
 
 
