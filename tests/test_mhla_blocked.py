@@ -79,8 +79,8 @@ def test_cpu_tensors_take_the_blocked_path_and_the_others_stay_selectable(monkey
 
 def test_short_sequences_take_the_quadratic_form(monkeypatch):
     """"auto" takes the quadratic form where it does at most 3x the blocked form's multiply-adds (the class-to-image
-    model's 196 tokens, D = 64, 9 blocks) and the blocked form for long sequences and huge score tensors; an
-    unknown form is refused."""
+    model's 196 tokens, D = 64, 9 blocks) and the blocked form for long sequences, huge score tensors and in traced
+    code; an unknown form is refused."""
     blocked = importlib.import_module("mediagen.kernels.mhla.blocked")
     assert blocked.quadratic_pays(B=2, N=196, H=3, D=64, M=9)
     assert not blocked.quadratic_pays(B=2, N=784, H=3, D=64, M=9)
@@ -89,6 +89,9 @@ def test_short_sequences_take_the_quadratic_form(monkeypatch):
     taken = []
     monkeypatch.setattr(blocked, "_quadratic", lambda *a: taken.append(1) or torch.zeros(()))
     q = torch.randn(2, 196, 3, 64)
+    mhla(q, q, q, torch.rand(9, 9), (14, 14), (3, 3), feature_map="relu")
+    assert taken == [1]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # traced code keeps the blocked form
     mhla(q, q, q, torch.rand(9, 9), (14, 14), (3, 3), feature_map="relu")
     assert taken == [1]
     with pytest.raises(ValueError, match="form='dense' is not allowed"):

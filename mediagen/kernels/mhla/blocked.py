@@ -112,7 +112,11 @@ def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, featur
     cos, sin = split_rope(rope, q)
     B, N, H, D = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if form == "quadratic" or (form == "auto" and quadratic_pays(B, N, H, D, math.prod(blocks))):
+    # (traced code keeps the blocked form: compiled by Inductor on a CPU the quadratic one was the slower, image-mhla's
+    # 8-step sampling 189 / 663 ms at batch 1 / 4 against 176 / 571 blocked, sdpa 130-135 / 429-448)
+    quadratic = form == "quadratic" or (form == "auto" and not torch.compiler.is_compiling()
+                                        and quadratic_pays(B, N, H, D, math.prod(blocks)))
+    if quadratic:
         qf, kf = feature(q.to(acc), feature_map), feature(k.to(acc), feature_map)
         qn, kn = (qf, kf) if cos is None else (rotate_pairs(qf, cos, sin), rotate_pairs(kf, cos, sin))
         o = _quadratic(qf, kf, qn, kn, v.to(acc), mix.to(acc), _token_ids(grid, blocks, q.device), normalize, eps,
