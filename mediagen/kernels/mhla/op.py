@@ -1,8 +1,8 @@
 """``mhla``: picks the Triton kernels on CUDA tensors and the whole-tensor PyTorch path elsewhere.
 
 ``"blocked"`` (blocked.py) is the CPU path: a few batched ops over a padded block-major copy of the
-tokens (short sequences, eager: the quadratic form, two large matmuls). ``"reference"`` (naive.py) is the oracle every path is tested against: it visits the blocks
-one by one. Force a path with ``backend="triton"`` / ``"blocked"`` / ``"reference"`` or the environment variable
+tokens (short sequences, eager: the quadratic form, two large matmuls). ``"reference"`` (naive.py) is the
+oracle every path is tested against: it visits the blocks one by one. Force a path with ``backend="triton"`` / ``"blocked"`` / ``"reference"`` or the environment variable
 MEDIAGEN_MHLA_BACKEND (the argument wins). With TRITON_INTERPRET=1 set before import, the Triton
 path runs on CPU tensors too (slowly), which is how the tests check the kernels without a GPU.
 """
