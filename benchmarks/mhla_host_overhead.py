@@ -48,6 +48,7 @@ B, GRID, H, D, BLOCKS = 8, (16, 16), 16, 72, (4, 4)
 N = GRID[0] * GRID[1]
 # every Triton kernel the op launches, by its name in triton_op
 KERNELS = ("summary_kernel", "apply_kernel", "query_grad_kernel", "key_grad_kernel", "dense_forward_kernel",
+           "dense_query_grad_kernel", "dense_key_grad_kernel",
            "mix_kernel", "mix_grad_kernel", "part_sum_kernel")
 
 

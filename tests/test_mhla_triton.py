@@ -89,6 +89,31 @@ def test_forward_and_backward_match_reference(device, grid, blocks, D, algorithm
         assert rel_err(a, b) < 1e-4, name
 
 
+@pytest.mark.parametrize("dense_backward", [True, False])
+def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward):
+    """After a dense forward the backward runs the dense kernels (or, switched off, makes the summaries again for
+    the chunked ones); both give the reference's gradients, and only the chosen kernels launch."""
+    monkeypatch.setattr(triton_op, "DENSE_BACKWARD", dense_backward)
+    monkeypatch.setattr(triton_op, "_plans", {})
+    names = ("dense_key_grad_kernel", "key_grad_kernel")
+    recorders = {name: LaunchRecorder(getattr(triton_op, name)) for name in names}
+    for name, recorder in recorders.items():
+        monkeypatch.setattr(triton_op, name, recorder)
+    grid, blocks, H, D = (5, 9), (2, 3), 2, 24
+    q, k, v = make(2, grid, H, D, torch.float32, device, "elu1")
+    mix = torch.rand(H, 6, 6, device=device)
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla_triton(*inputs, grid, blocks, feature_map="elu1", algorithm="dense")
+    r = mhla_reference(*refs, grid, blocks, feature_map="elu1")
+    g = torch.randn_like(o)
+    grads, ref_grads = torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())
+    for name, a, b in zip("q k v mix".split(), grads, ref_grads):
+        assert rel_err(a, b) < 1e-4, name
+    launched = [len(recorders[n].launches) for n in names]
+    assert launched == ([1, 0] if dense_backward else [0, 1])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("algorithm", ["chunked", "dense"])
 def test_half_precision(device, dtype, algorithm):
@@ -288,6 +313,18 @@ def test_algorithm_choice_charges_the_host_only_in_eager():
     assert triton_op.choose_algorithm(B=16, **video, launch_s=eager) == "chunked"
     dit = dict(B=8, N=256, H=16, D=72, M=16, splits=1, dtype=torch.bfloat16)
     assert triton_op.choose_algorithm(**dit, launch_s=eager) == triton_op.choose_algorithm(**dit) == "dense"
+
+
+def test_training_choice_costs_the_backward_too():
+    """With a backward to follow (no RoPE) the forward and backward are costed together, as measured on the H200
+    (bf16, forward + backward under CUDA graphs, benchmarks/RESULTS.md): dense at DiT-XL/2 256 px (B = 8: 150
+    against 291 us chunked; B = 64: 997 against 2,040), chunked at the image models' 196 tokens, 3 x 64, 9 blocks,
+    B = 256 (519 against 637), at 784 tokens (986 against 5,518) and at DiT-XL/2 512 px (520 against 1,890)."""
+    def choice(B, N, H, D, M):
+        return triton_op.choose_algorithm(B, N, H, D, M, 1, torch.bfloat16, rope=False, for_backward=True)
+
+    assert choice(8, 256, 16, 72, 16) == choice(64, 256, 16, 72, 16) == "dense"
+    assert choice(256, 196, 3, 64, 9) == choice(256, 784, 3, 64, 16) == choice(8, 1024, 16, 72, 25) == "chunked"
 
 
 @pytest.mark.parametrize("dtype,keep", [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)])
@@ -984,7 +1021,7 @@ def test_later_calls_launch_the_compiled_kernels_directly(device, monkeypatch):
     Under the interpreter every launch dispatches. Forward and backward, bf16 on the GPU."""
     monkeypatch.setattr(triton_op, "_plans", {})
     recorders = {name: LaunchRecorder(getattr(triton_op, name))
-                 for name in ("dense_forward_kernel", "query_grad_kernel")}
+                 for name in ("dense_forward_kernel", "dense_query_grad_kernel")}
     for name, recorder in recorders.items():
         monkeypatch.setattr(triton_op, name, recorder)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -105,6 +105,18 @@ class DenseSplitSettings:
 
 
 @dataclass(frozen=True)
+class DenseGradSettings:
+    """The dense backward (triton_dense_grad.py), both kernels: BT rows (queries for dq, keys for dk and dv) per
+    program, BS of the others per step, warps, stages; fp32 inputs take at most 32 of each
+    (triton_op.dense_grad_tiles)."""
+
+    BT: int
+    BS: int
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
 class MixVariant:
     """Fields that replace the mix kernel's settings for fp32 summaries; None keeps the kernel's own."""
 
@@ -158,7 +170,8 @@ class MixGradSettings:
             raise ValueError(f"mix_grad sum={self.sum!r} is not allowed: use one of {', '.join(SUM_METHODS)}")
 
 
-Settings = Union[ChunkedSettings, DenseSettings, DenseSplitSettings, MixSettings, MixGradSettings]
+Settings = Union[ChunkedSettings, DenseSettings, DenseSplitSettings, DenseGradSettings, MixSettings,
+                 MixGradSettings]
 
 # Each default is the fastest setting measured on an H200 (benchmarks/RESULTS.md, kernel launch settings);
 # the comments give the rule and the measurement that decided it. lowp (apply, query_grad, key_grad, mix):
@@ -187,6 +200,7 @@ DEFAULTS: Mapping[str, Settings] = MappingProxyType({
     # 256 queries and 64 keys per step: 15.8 us at DiT-XL/2 256 px, the sweep's best with 16-byte aligned
     # rows (32 keys with 3 stages: 16.4 us)
     "dense_split": DenseSplitSettings(BT=256, BS=64, warps=8, stages=2),
+    "dense_grad": DenseGradSettings(BT=64, BS=64, warps=4, stages=2),
     # Streaming over column tiles with 4 programs per SM: Wan 480p 27.6 us at 64 columns (35-39 with one
     # tile per program), DiT-XL/2 512 px 9.6 us at 256 (11.8). lowp: bf16 products in the mix, 11.0 vs
     # 27.3 us at Wan 480p (SANA 4K 5.8 vs 13.5), within the bf16 error bound; 4 stages is Wan 480p's best

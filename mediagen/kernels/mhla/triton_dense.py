@@ -20,7 +20,7 @@ launch settings).
 import triton
 import triton.language as tl
 
-from ..triton_dot import dot as _dot
+from ..triton_dot import dot  # (by its own name: Inductor copies a traced kernel's helpers under theirs)
 from .triton_common import feature, rope_tables, rotate
 
 
@@ -28,7 +28,7 @@ from .triton_common import feature, rope_tables, rotate
 def _scores(a, b, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
     """a @ b^T of two feature tiles: fp32 operands (exact or tf32), or b cast to a's half dtype."""
     if DOT_F32:
-        return _dot(a, tl.trans(b), IEEE)
+        return dot(a, tl.trans(b), IEEE)
     else:
         return tl.dot(a, tl.trans(b.to(a.dtype)))
 
@@ -37,7 +37,7 @@ def _scores(a, b, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
 def _weighted_values(p, v, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
     """p @ v with p fp32: in fp32 (exact or tf32), or both in v's half dtype."""
     if DOT_F32:
-        return _dot(p, v.to(tl.float32), IEEE)
+        return dot(p, v.to(tl.float32), IEEE)
     else:
         return tl.dot(p.to(v.dtype), v)
 

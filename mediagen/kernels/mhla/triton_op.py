@@ -7,7 +7,9 @@ Two entry points share one implementation (``forward_impl`` / ``backward_impl``)
 
 Two forward algorithms (``algorithm``): "chunked" (per-block summaries in memory, mixed by a matmul;
 long sequences) and "dense" (summaries recomputed on chip; short sequences); "auto" picks by a cost
-model. The backward always runs the chunked kernels (for dMc it needs the block summaries).
+model. The backward of a chunked forward runs the chunked kernels on the summaries it kept; after the dense
+forward (no RoPE, one process) the dense backward's two kernels make every gradient the same way, dMc included
+(triton_dense_grad.py; with RoPE the chunked backward makes the summaries again).
 ``cos``/``sin`` (N, D/2) angle tables turn on RoPE on the numerator's features (rotation.py).
 
 The chunked forward and the backward are one sequence of steps (``_Plan.forward`` / ``_Plan.backward``)
@@ -37,6 +39,7 @@ from .layout import block_token_lists, persistent_copy, token_block_ids
 from .settings import current_settings, kernel_settings
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
+from .triton_dense_grad import dense_key_grad_kernel, dense_query_grad_kernel
 from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
 from ..launch import CachedLaunch
 
@@ -49,6 +52,9 @@ POISON_OUTPUTS = False
 MAX_CACHED = 1024
 # Traced code without a backward launches the dense forward from Inductor's own code (``mhla_dense``)
 TRACED_DENSE_OP = True
+# The dense forward's backward on the dense kernels (False: the chunked backward, making the summaries again;
+# kept for A/B measurements)
+DENSE_BACKWARD = True
 
 
 def _next_pow2(n: int) -> int:
@@ -167,14 +173,24 @@ EAGER_LAUNCH_S, TRACED_LAUNCH_S = 20e-6, 5e-6
 def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True, launch_s=TRACED_LAUNCH_S) -> str:
     """Cost model in seconds on an H200-class GPU: bytes at ~3 TB/s, dense dot work at ~150 TFLOP/s,
     ``launch_s`` per launch (chunked runs summary, mix and apply). With rope the dense kernel does a
-    third dot (the un-rotated scores) and both read the angle tables. ``for_backward``: the summaries are kept
-    for a backward (``summary_dtype``)."""
+    third dot (the un-rotated scores) and both read the angle tables. ``for_backward``: a backward follows, so
+    without rope the forward and backward are costed together: the chunked pair moves its summaries about 11
+    times (S, S~, dS~, dS written and read; 9 launches), the dense pair does the forward's two token-pair
+    products and the backward's nine (three launches) at ~115 TFLOP/s over key tiles of 64 (calibrated on the
+    H200, bf16: DiT-XL/2 256 px B = 8 and 64, the image models' 196 tokens at B = 256; benchmarks/RESULTS.md).
+    With rope the dense forward's backward is the chunked one, so only the forwards are compared."""
     es = 4 if dtype == torch.float32 else 2
     ss = summary_dtype(dtype, for_backward).itemsize
     BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
-    chunked = (io + 4 * ss * B * H * M * splits * (D * D + D)) / 3e12 + 3 * launch_s
-    dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + launch_s
+    summaries = ss * B * H * M * splits * (D * D + D)
+    if for_backward and not rope:
+        padded = _cdiv(N, 64) * 64
+        chunked = (2 * io + 11 * summaries) / 3e12 + 9 * launch_s
+        dense = 2 * io / 3e12 + 22 * B * H * padded * padded * BD / 115e12 + 3 * launch_s
+    else:
+        chunked = (io + 4 * summaries) / 3e12 + 3 * launch_s
+        dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + launch_s
     return "dense" if dense < chunked else "chunked"
 
 
@@ -363,6 +379,42 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
              num_stages=stages))
 
 
+def dense_grad_tiles(settings, D: int, dtype) -> dict:
+    """The dense backward's tile constants: the head-dim pieces as the forward's (no padding column), BT rows
+    per program and BS per step (at most 32 each for fp32 inputs, whose tiles are twice as wide), warps and
+    stages."""
+    c = settings["dense_grad"]
+    fp32 = dtype == torch.float32
+    BD, BD2 = dense_head_pieces(D, False) if not fp32 else (max(16, _next_pow2(D)), 0)
+    BT, BS = (min(c.BT, 32), min(c.BS, 32)) if fp32 or BD > 128 else (c.BT, c.BS)
+    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=c.warps, stages=c.stages)
+
+
+class _DenseGradLaunch(NamedTuple):
+    query: CachedLaunch  # dq, each row's 1 / den and g.o, and the dMc parts
+    key: CachedLaunch  # dk and dv
+    parts: tuple  # the dMc parts' shape (B, H, query tiles, M, M)
+
+
+def _dense_grad_launch(settings, shape, dtype, strides, M, per_head, normalize, eps, scale,
+                       fcode) -> _DenseGradLaunch:
+    """``strides``: those of q, k, v and the incoming gradient."""
+    B, N, H, D = shape
+    tiles = dense_grad_tiles(settings, D, dtype)
+    warps, stages, BT = tiles.pop("warps"), tiles.pop("stages"), tiles["BT"]
+    ieee = dtype == torch.float32
+    own = _contiguous(shape)  # dq, dk, dv
+    al = _stride_unit_of(*strides, own)
+    rows = tuple(s for st in (*strides, own) for s in _row_strides_of(st, al))
+    consts = dict(**tiles, BM=max(16, _next_pow2(M)), FEATURE=fcode, NORMALIZE=normalize,
+                  DOT_F32=ieee or _interpreting(), IEEE=ieee, AL=al, num_warps=warps, num_stages=stages)
+    head = M * M if per_head else 0
+    return _DenseGradLaunch(
+        CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, eps, scale), consts),
+        CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, scale), consts),
+        (B, H, _cdiv(N, BT), M, M))
+
+
 class _QueryGradLaunch(NamedTuple):
     main: CachedLaunch
     o_fp32: Optional[CachedLaunch]  # an apply that makes o again in fp32 first, or None: the forward's o serves
@@ -445,6 +497,17 @@ def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
     o = _empty(q.shape, q.device, q.dtype)
     launch(dense_forward_kernel, q, k, v, mixf, blk, o, q if cos is None else cos, q if sin is None else sin)
     return o
+
+
+def _run_dense_grad(launch: _DenseGradLaunch, q, k, v, g, mixf, blk, per_head):
+    """dq, dk, dv in q's dtype and dMc in fp32: (H, M, M) with ``per_head``, else (M, M)."""
+    B, N, H, D = q.shape
+    dq, dk, dv = (_empty(q.shape, q.device, q.dtype) for _ in range(3))
+    row = _empty((B * H, 2, N), q.device, torch.float32)  # 1 / den and g.o per query
+    parts = _empty(launch.parts, q.device, torch.float32)
+    launch.query(dense_query_grad_kernel, q, k, v, g, mixf, blk, dq, row, parts)
+    launch.key(dense_key_grad_kernel, q, k, v, g, mixf, blk, row, dk, dv)
+    return dq, dk, dv, parts.sum((0, 2)) if per_head else parts.sum((0, 1, 2))
 
 
 def _run_query_grad(launch: _QueryGradLaunch, q, g, o, mixed, order, offsets, cos, sin, M, J):
@@ -682,11 +745,15 @@ class _Plan:
         """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``). ``exchange``: as
         in ``forward``; dMc is then this process's share (its rows), which the processes' shares sum to."""
         g_stride = g.stride()
-        bp = self.backward_plans.get(g_stride)
+        dense = self.algorithm == "dense" and cos is None and exchange is None and DENSE_BACKWARD
+        bp = self.backward_plans.get((g_stride, dense))
         if bp is None:
             if len(self.backward_plans) >= 16:
                 self.backward_plans.clear()
-            bp = self.backward_plans[g_stride] = _BackwardPlan(self, g_stride, q.device)
+            bp = self.backward_plans[g_stride, dense] = _BackwardPlan(self, g_stride, q.device, dense)
+        if dense:
+            dq, dk, dv, dmix = _run_dense_grad(bp.dense, q, k, v, g, self.mix_operand(mix), self.blk, self.per_head)
+            return dq, dk, dv, dmix if dmix.dtype == mix.dtype else dmix.to(mix.dtype)
         B, N, H, D = q.shape
         M, J, X = self.M, self.J, D * D + D
         order, offsets = self.order, self.offsets
@@ -724,12 +791,18 @@ def _fp32_mix(mix):
 
 
 class _BackwardPlan:
-    """The backward's launch records for one stride pattern of the incoming gradient."""
+    """The backward's launch records for one stride pattern of the incoming gradient; ``dense``: the dense
+    backward's (after a dense forward without RoPE), else the chunked one's."""
 
-    def __init__(self, plan: _Plan, g_stride, device):
+    def __init__(self, plan: _Plan, g_stride, device, dense: bool):
         shape, dtype, tstrides, normalize, eps, scale, fcode = plan.args
         B, N, H, D = shape
         M, J, settings = plan.M, plan.J, plan.settings
+        if dense:
+            self.dense = _dense_grad_launch(settings, shape, dtype, (plan.q_stride, plan.k_stride, plan.v_stride,
+                                                                     g_stride), M, plan.per_head, normalize, eps,
+                                            scale, fcode)
+            return
         if plan.algorithm == "dense":  # the summaries are made again here
             self.summary = _summary_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
                                            fcode, plan.largest)

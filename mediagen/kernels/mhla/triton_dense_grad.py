@@ -1,0 +1,253 @@
+"""Dense MHLA backward for short sequences: the dense forward's gradients, nothing D x D in memory.
+
+With s_ts = phi(q_t).phi(k_s), w_ts = Mc[i(t), i(s)], p_ts = w_ts s_ts and, with normalize,
+den_t = sum_s p_ts + eps and o_t = sum_s p_ts v_s / den_t (else o_t = scale sum_s p_ts v_s), the gradient g_t
+of o_t gives
+    dp_ts = (g_t.v_s - g_t.o_t) / den_t                (without normalize: scale g_t.v_s)
+    dphi(q_t) = sum_s dp_ts w_ts phi(k_s)     dphi(k_s) = sum_t dp_ts w_ts phi(q_t)
+    dv_s = sum_t p_ts g_t / den_t             dMc[i, j] = sum over t in block i, s in block j of dp_ts s_ts
+and dq = dphi(q) phi'(q), dk = dphi(k) phi'(k). No RoPE (the chunked backward serves it).
+
+dense_query_grad_kernel, program (batch x head, tile of BT queries): a first walk over the keys makes den_t
+and g_t.o_t = sum_s p_ts (g_t.v_s) / den_t from fp32 products, a second makes dp per pair and from it dq and
+the tile's dMc part (dp s summed per key block as a product with the keys' one-hot block indicators, then per
+query block). g.o is made here rather than read from the forward's o: dp subtracts two nearly equal terms
+where attention is nearly uniform over positive values, and a bf16 o's rounding (2^-8 relative) would come
+back magnified in dq and dMc (the chunked query_grad makes o again in fp32 for the same reason). Each row's
+1 / den_t and g_t.o_t go to memory for:
+dense_key_grad_kernel, program (batch x head, tile of BT keys): one walk over the queries makes dk and dv.
+Both subtract in fp32 per pair and round only dp w (a difference already taken) for the products.
+Head dims split as in the dense forward (triton_dense.py: BD + BD2 columns, DiT's 72 as 64 + 16); the
+strides arrive divided by AL (triton_chunked.py's module doc). The dMc parts are summed outside.
+"""
+
+import triton
+import triton.language as tl
+
+from .triton_common import feature_grad
+from .triton_dense import _feature_tile, _scores, _weighted_values
+
+
+@triton.jit
+def _tile(base, rows, rmask, stride_n, cols, stride_d, D: tl.constexpr, DOT_F32: tl.constexpr):
+    """Token rows x head-dim columns as loaded (fp32 with DOT_F32), masked entries 0."""
+    m = rmask[:, None] & (cols < D)[None, :]
+    t = tl.load(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_d, mask=m, other=0.0)
+    if DOT_F32:
+        t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
+def _operand(f, like, DOT_F32: tl.constexpr):
+    """A feature tile (fp32) as a dot operand: fp32 with DOT_F32, else in the inputs' half dtype."""
+    if DOT_F32:
+        return f
+    else:
+        return f.to(like.dtype)
+
+
+@triton.jit
+def _weights(rows_of_mix, onehot, IEEE: tl.constexpr):
+    """Mc entries per (row, column) pair: rows_of_mix (R, BM) holds each row's Mc entries, onehot (C, BM) each
+    column's block; the dense forward's one-hot product (triton_dense.py)."""
+    if IEEE:
+        return tl.dot(rows_of_mix, tl.trans(onehot), input_precision="ieee")
+    else:
+        return tl.dot(rows_of_mix, tl.trans(onehot))
+
+
+@triton.jit
+def _block_sums(r, onehot):
+    """r (R, C) fp32 summed over its columns per column block: r @ onehot (C, BM), exact fp32 products (a
+    product is all it costs; in bf16 parts on the tensor cores triton 3.6 read shared memory out of bounds on
+    the H200, compute-sanitizer)."""
+    return tl.dot(r, onehot, input_precision="ieee")
+
+
+@triton.jit
+def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
+                            sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
+                            sob, son, soh, sod,
+                            N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
+                            BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                            BM: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
+                            DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr):
+    # row strides arrive divided by AL; DQ has the strides so* (contiguous, as the op allocates it)
+    sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
+    svb, svn, svh, sgb, sgn, sgh = svb * AL, svn * AL, svh * AL, sgb * AL, sgn * AL, sgh * AL
+    sob, son, soh = sob * AL, son * AL, soh * AL
+    bh = tl.program_id(0)
+    tile = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tile * BT + tl.arange(0, BT)
+    rmask = rows < N
+    d = tl.arange(0, BD)
+    qbase = Q + b.to(tl.int64) * sqb + h * sqh
+    gbase = G + b.to(tl.int64) * sgb + h * sgh
+    kbase = K + b.to(tl.int64) * skb + h * skh
+    vbase = V + b.to(tl.int64) * svb + h * svh
+    qt, qf = _feature_tile(qbase, rows, rmask, sqn, d, sqd, D, FEATURE)
+    qf = _operand(qf, qt, DOT_F32)
+    gt = _tile(gbase, rows, rmask, sgn, d, sgd, D, DOT_F32)
+    if BD2 > 0:  # the second piece of the head dim, columns BD .. BD + BD2 - 1
+        d2 = BD + tl.arange(0, BD2)
+        qt2, qf2 = _feature_tile(qbase, rows, rmask, sqn, d2, sqd, D, FEATURE)
+        qf2 = _operand(qf2, qt2, DOT_F32)
+        gt2 = _tile(gbase, rows, rmask, sgn, d2, sgd, D, DOT_F32)
+    m = tl.arange(0, BM)
+    bq = tl.load(BLK + rows, mask=rmask, other=0)
+    mix_rows = tl.load(MIX + h * mix_head_stride + bq[:, None] * M + m[None, :],
+                       mask=rmask[:, None] & (m < M)[None, :], other=0.0)
+    if NORMALIZE:  # first walk: den_t and g_t.o_t
+        den = tl.zeros((BT,), dtype=tl.float32)
+        pgv = tl.zeros((BT,), dtype=tl.float32)
+        for s0 in range(0, N, BS):
+            cols = s0 + tl.arange(0, BS)
+            cmask = cols < N
+            kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
+            vt = _tile(vbase, cols, cmask, svn, d, svd, D, DOT_F32)
+            s = _scores(qf, kf, DOT_F32, IEEE)
+            gv = _scores(gt, vt, DOT_F32, IEEE)
+            if BD2 > 0:
+                kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
+                vt2 = _tile(vbase, cols, cmask, svn, d2, svd, D, DOT_F32)
+                s += _scores(qf2, kf2, DOT_F32, IEEE)
+                gv += _scores(gt2, vt2, DOT_F32, IEEE)
+            bk = tl.load(BLK + cols, mask=cmask, other=0)
+            onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
+            p = s * _weights(mix_rows, onehot, IEEE)
+            den += tl.sum(p, axis=1)
+            pgv += tl.sum(p * gv, axis=1)
+        inv = tl.where(rmask, 1.0 / (den + eps), 0.0)  # (0 on padding rows: nothing there may reach dMc)
+        go = pgv * inv
+    else:
+        inv = tl.where(rmask, scale, 0.0)
+        go = tl.zeros((BT,), dtype=tl.float32)
+    acc = tl.zeros((BT, BD), dtype=tl.float32)
+    if BD2 > 0:
+        acc2 = tl.zeros((BT, BD2), dtype=tl.float32)
+    part = tl.zeros((BT, BM), dtype=tl.float32)  # sum_s dp_ts s_ts per key block
+    for s0 in range(0, N, BS):
+        cols = s0 + tl.arange(0, BS)
+        cmask = cols < N
+        kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
+        kf = _operand(kf, kt, DOT_F32)
+        vt = _tile(vbase, cols, cmask, svn, d, svd, D, DOT_F32)
+        s = _scores(qf, kf, DOT_F32, IEEE)
+        gv = _scores(gt, vt, DOT_F32, IEEE)
+        if BD2 > 0:
+            kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
+            kf2 = _operand(kf2, kt2, DOT_F32)
+            vt2 = _tile(vbase, cols, cmask, svn, d2, svd, D, DOT_F32)
+            s += _scores(qf2, kf2, DOT_F32, IEEE)
+            gv += _scores(gt2, vt2, DOT_F32, IEEE)
+        bk = tl.load(BLK + cols, mask=cmask, other=0)
+        onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
+        w = _weights(mix_rows, onehot, IEEE)
+        dp = (gv - go[:, None]) * inv[:, None]
+        a = dp * w
+        acc += _weighted_values(a, kf, DOT_F32, IEEE)
+        if BD2 > 0:
+            acc2 += _weighted_values(a, kf2, DOT_F32, IEEE)
+        part += _block_sums(dp * s, onehot)
+    obase = DQ + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son
+    dq = acc * feature_grad(qt.to(tl.float32), FEATURE)
+    tl.store(obase + d[None, :] * sod, dq.to(DQ.dtype.element_ty), mask=rmask[:, None] & (d < D)[None, :])
+    if BD2 > 0:
+        dq2 = acc2 * feature_grad(qt2.to(tl.float32), FEATURE)
+        tl.store(obase + d2[None, :] * sod, dq2.to(DQ.dtype.element_ty), mask=rmask[:, None] & (d2 < D)[None, :])
+    if NORMALIZE:
+        row = ROW + bh.to(tl.int64) * 2 * N + rows
+        tl.store(row, inv, mask=rmask)
+        tl.store(row + N, go, mask=rmask)
+    # this tile's dMc part: the key-block sums of its rows added per query block (onehot^T @ part)
+    qhot = tl.where((bq[:, None] == m[None, :]) & rmask[:, None], 1.0, 0.0)
+    blocks = tl.dot(tl.trans(qhot), part, input_precision="ieee")
+    out = DMIX + (bh.to(tl.int64) * tl.num_programs(1) + tile) * M * M
+    tl.store(out + m[:, None] * M + m[None, :], blocks, mask=(m < M)[:, None] & (m < M)[None, :])
+
+
+@triton.jit
+def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, ROW, DK, DV,
+                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
+                          sob, son, soh, sod,
+                          N, H, D: tl.constexpr, M, mix_head_stride, scale,
+                          BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                          BM: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
+                          DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr):
+    # DK and DV share the strides so* (contiguous)
+    sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
+    svb, svn, svh, sgb, sgn, sgh = svb * AL, svn * AL, svh * AL, sgb * AL, sgn * AL, sgh * AL
+    sob, son, soh = sob * AL, son * AL, soh * AL
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    cols = tl.program_id(1) * BT + tl.arange(0, BT)  # this program's keys
+    cmask = cols < N
+    d = tl.arange(0, BD)
+    qbase = Q + b.to(tl.int64) * sqb + h * sqh
+    gbase = G + b.to(tl.int64) * sgb + h * sgh
+    kbase = K + b.to(tl.int64) * skb + h * skh
+    vbase = V + b.to(tl.int64) * svb + h * svh
+    kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
+    kf = _operand(kf, kt, DOT_F32)
+    vt = _tile(vbase, cols, cmask, svn, d, svd, D, DOT_F32)
+    if BD2 > 0:  # the second piece of the head dim
+        d2 = BD + tl.arange(0, BD2)
+        kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
+        kf2 = _operand(kf2, kt2, DOT_F32)
+        vt2 = _tile(vbase, cols, cmask, svn, d2, svd, D, DOT_F32)
+    m = tl.arange(0, BM)
+    bk = tl.load(BLK + cols, mask=cmask, other=0)
+    # Mc's column of each key's block: mix_cols[s, i] = Mc[i, i(s)]
+    mix_cols = tl.load(MIX + h * mix_head_stride + m[None, :] * M + bk[:, None],
+                       mask=cmask[:, None] & (m < M)[None, :], other=0.0)
+    dk = tl.zeros((BT, BD), dtype=tl.float32)
+    dv = tl.zeros((BT, BD), dtype=tl.float32)
+    if BD2 > 0:
+        dk2 = tl.zeros((BT, BD2), dtype=tl.float32)
+        dv2 = tl.zeros((BT, BD2), dtype=tl.float32)
+    row = ROW + bh.to(tl.int64) * 2 * N
+    for t0 in range(0, N, BS):
+        rows = t0 + tl.arange(0, BS)
+        rmask = rows < N
+        qt, qf = _feature_tile(qbase, rows, rmask, sqn, d, sqd, D, FEATURE)
+        qf = _operand(qf, qt, DOT_F32)
+        gt = _tile(gbase, rows, rmask, sgn, d, sgd, D, DOT_F32)
+        s = _scores(kf, qf, DOT_F32, IEEE)  # (keys, queries)
+        vg = _scores(vt, gt, DOT_F32, IEEE)
+        if BD2 > 0:
+            qt2, qf2 = _feature_tile(qbase, rows, rmask, sqn, d2, sqd, D, FEATURE)
+            qf2 = _operand(qf2, qt2, DOT_F32)
+            gt2 = _tile(gbase, rows, rmask, sgn, d2, sgd, D, DOT_F32)
+            s += _scores(kf2, qf2, DOT_F32, IEEE)
+            vg += _scores(vt2, gt2, DOT_F32, IEEE)
+        bq = tl.load(BLK + rows, mask=rmask, other=0)
+        qhot = tl.where((bq[:, None] == m[None, :]) & rmask[:, None], 1.0, 0.0)
+        w = _weights(mix_cols, qhot, IEEE)
+        if NORMALIZE:
+            inv = tl.load(row + rows, mask=rmask, other=0.0)
+            go = tl.load(row + N + rows, mask=rmask, other=0.0)
+            dp = (vg - go[None, :]) * inv[None, :]
+            pv = s * w * inv[None, :]
+        else:
+            dp = vg * scale
+            pv = s * w * scale
+        a = dp * w
+        dk += _weighted_values(a, qf, DOT_F32, IEEE)
+        dv += _weighted_values(pv, gt, DOT_F32, IEEE)
+        if BD2 > 0:
+            dk2 += _weighted_values(a, qf2, DOT_F32, IEEE)
+            dv2 += _weighted_values(pv, gt2, DOT_F32, IEEE)
+    kmask = cmask[:, None] & (d < D)[None, :]
+    obase = b.to(tl.int64) * sob + h * soh + cols[:, None].to(tl.int64) * son
+    tl.store(DK + obase + d[None, :] * sod, (dk * feature_grad(kt.to(tl.float32), FEATURE)).to(DK.dtype.element_ty),
+             mask=kmask)
+    tl.store(DV + obase + d[None, :] * sod, dv.to(DV.dtype.element_ty), mask=kmask)
+    if BD2 > 0:
+        kmask2 = cmask[:, None] & (d2 < D)[None, :]
+        tl.store(DK + obase + d2[None, :] * sod,
+                 (dk2 * feature_grad(kt2.to(tl.float32), FEATURE)).to(DK.dtype.element_ty), mask=kmask2)
+        tl.store(DV + obase + d2[None, :] * sod, dv2.to(DV.dtype.element_ty), mask=kmask2)
