@@ -83,8 +83,12 @@ def compile_report(fn, constexprs: dict, warps: int, stages: int, pointers: dict
         path = os.path.join(tmp, "kernel.ptx")
         with open(path, "w") as f:
             f.write(kernel.asm["ptx"])
-        log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull],
-                             capture_output=True, text=True, check=True).stderr
+        proc = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            name = getattr(fn, "__name__", fn)
+            raise RuntimeError(f"{ptxas} exited with {proc.returncode} on {name}: {proc.stderr.strip()[-800:]}")
+        log = proc.stderr
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spill = re.search(r"(\d+) bytes spill stores", log)
     smem = kernel.metadata.shared
