@@ -954,8 +954,9 @@ mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
 # Under Inductor a custom op runs as a Python call at every step (``mhla_fwd``: the dispatcher's wrapper, then
 # ``forward_impl``): about 95 µs of host time a call on the H200 against 26-28 for cuDNN's attention, at the
 # class-to-image DiT's sampling shape. A ``triton_op`` is traced into the graph instead, so Inductor's own
-# generated code launches the dense kernel. Only the forward without a backward takes it (the dense forward
-# keeps nothing a backward could use); training keeps ``mhla_fwd`` and its registered autograd.
+# generated code launches the dense kernel. Only the forward without a backward takes it (this op registers no
+# autograd); training keeps ``mhla_fwd`` and its registered autograd, whose backward after a dense forward is
+# the dense backward (triton_dense_grad.py).
 
 @torch.compiler.assume_constant_result
 def _traced_token_blocks(grid: tuple[int, ...], blocks: tuple[int, ...], device: torch.device):
