@@ -89,11 +89,13 @@ def test_forward_and_backward_match_reference(device, grid, blocks, D, algorithm
         assert rel_err(a, b) < 1e-4, name
 
 
-@pytest.mark.parametrize("dense_backward", [True, False])
-def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward):
-    """After a dense forward the backward runs the dense kernels (or, switched off, makes the summaries again for
-    the chunked ones); both give the reference's gradients, and only the chosen kernels launch."""
+@pytest.mark.parametrize("dense_backward,max_blocks", [(True, 64), (False, 64), (True, 5)])
+def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward, max_blocks):
+    """After a dense forward the backward runs the dense kernels (or, switched off or over the block limit, makes
+    the summaries again for the chunked ones); both give the reference's gradients, and only the chosen kernels
+    launch."""
     monkeypatch.setattr(triton_op, "DENSE_BACKWARD", dense_backward)
+    monkeypatch.setattr(triton_op, "DENSE_BACKWARD_MAX_BLOCKS", max_blocks)
     monkeypatch.setattr(triton_op, "_plans", {})
     names = ("dense_key_grad_kernel", "key_grad_kernel")
     recorders = {name: LaunchRecorder(getattr(triton_op, name)) for name in names}
@@ -111,7 +113,7 @@ def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward
     for name, a, b in zip("q k v mix".split(), grads, ref_grads):
         assert rel_err(a, b) < 1e-4, name
     launched = [len(recorders[n].launches) for n in names]
-    assert launched == ([1, 0] if dense_backward else [0, 1])
+    assert launched == ([1, 0] if dense_backward and max_blocks >= 6 else [0, 1])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

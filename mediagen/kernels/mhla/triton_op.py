@@ -55,6 +55,9 @@ TRACED_DENSE_OP = True
 # The dense forward's backward on the dense kernels (False: the chunked backward, making the summaries again;
 # kept for A/B measurements)
 DENSE_BACKWARD = True
+# The dense backward holds each tile's Mc rows and per-block sums in registers ((64, next_pow2(M)) fp32 each); it
+# was measured up to 25 blocks, and more than 64 take the chunked backward
+DENSE_BACKWARD_MAX_BLOCKS = 64
 
 
 def _next_pow2(n: int) -> int:
@@ -178,13 +181,14 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     times (S, S~, dS~, dS written and read; 9 launches), the dense pair does the forward's two token-pair
     products and the backward's nine (three launches) at ~115 TFLOP/s over key tiles of 64 (calibrated on the
     H200, bf16: DiT-XL/2 256 px B = 8 and 64, the image models' 196 tokens at B = 256; benchmarks/RESULTS.md).
-    With rope the dense forward's backward is the chunked one, so only the forwards are compared."""
+    With rope (or over ``DENSE_BACKWARD_MAX_BLOCKS`` blocks) the dense forward's backward is the chunked one, so only
+    the forwards are compared."""
     es = 4 if dtype == torch.float32 else 2
     ss = summary_dtype(dtype, for_backward).itemsize
     BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
     summaries = ss * B * H * M * splits * (D * D + D)
-    if for_backward and not rope:
+    if for_backward and not rope and M <= DENSE_BACKWARD_MAX_BLOCKS:
         padded = _cdiv(N, 64) * 64
         chunked = (2 * io + 11 * summaries) / 3e12 + 9 * launch_s
         dense = 2 * io / 3e12 + 22 * B * H * padded * padded * BD / 115e12 + 3 * launch_s
@@ -745,7 +749,8 @@ class _Plan:
         """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``). ``exchange``: as
         in ``forward``; dMc is then this process's share (its rows), which the processes' shares sum to."""
         g_stride = g.stride()
-        dense = self.algorithm == "dense" and cos is None and exchange is None and DENSE_BACKWARD
+        dense = (DENSE_BACKWARD and self.algorithm == "dense" and cos is None and exchange is None
+                 and self.M <= DENSE_BACKWARD_MAX_BLOCKS)
         bp = self.backward_plans.get((g_stride, dense))
         if bp is None:
             if len(self.backward_plans) >= 16:
