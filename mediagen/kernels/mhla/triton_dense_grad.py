@@ -48,6 +48,24 @@ def _operand(f, like, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _step_products(fbase, rbase, rows, rmask, sfn, sfd, srn, srd, cols, D: tl.constexpr, xf, xr,
+                   FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """One head-dim piece (columns ``cols``) of a step over the other side's rows: their raw features, phi of them
+    as a dot operand, their second tile (v or g) as loaded, and this program's products with them, xf @ phi^T and
+    xr @ second^T."""
+    ft, ff = _feature_tile(fbase, rows, rmask, sfn, cols, sfd, D, FEATURE)
+    ff = _operand(ff, ft, DOT_F32)
+    rt = _tile(rbase, rows, rmask, srn, cols, srd, D, DOT_F32)
+    return ft, ff, rt, _scores(xf, ff, DOT_F32, IEEE), _scores(xr, rt, DOT_F32, IEEE)
+
+
+@triton.jit
+def _onehot(ids, mask, m):
+    """(rows, BM) fp32 indicators of each row's block id (0 on masked rows)."""
+    return tl.where((ids[:, None] == m[None, :]) & mask[:, None], 1.0, 0.0)
+
+
+@triton.jit
 def _weights(rows_of_mix, onehot, IEEE: tl.constexpr):
     """Mc entries per (row, column) pair: rows_of_mix (R, BM) holds each row's Mc entries, onehot (C, BM) each
     column's block; the dense forward's one-hot product (triton_dense.py)."""
@@ -106,17 +124,14 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
         for s0 in range(0, N, BS):
             cols = s0 + tl.arange(0, BS)
             cmask = cols < N
-            kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
-            vt = _tile(vbase, cols, cmask, svn, d, svd, D, DOT_F32)
-            s = _scores(qf, kf, DOT_F32, IEEE)
-            gv = _scores(gt, vt, DOT_F32, IEEE)
+            kt, kf, vt, s, gv = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, D, qf, gt, FEATURE,
+                                               DOT_F32, IEEE)
             if BD2 > 0:
-                kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
-                vt2 = _tile(vbase, cols, cmask, svn, d2, svd, D, DOT_F32)
-                s += _scores(qf2, kf2, DOT_F32, IEEE)
-                gv += _scores(gt2, vt2, DOT_F32, IEEE)
-            bk = tl.load(BLK + cols, mask=cmask, other=0)
-            onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
+                kt2, kf2, vt2, s2, gv2 = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d2, D, qf2, gt2,
+                                                        FEATURE, DOT_F32, IEEE)
+                s += s2
+                gv += gv2
+            onehot = _onehot(tl.load(BLK + cols, mask=cmask, other=0), cmask, m)
             p = s * _weights(mix_rows, onehot, IEEE)
             den += tl.sum(p, axis=1)
             pgv += tl.sum(p * gv, axis=1)
@@ -132,19 +147,14 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
     for s0 in range(0, N, BS):
         cols = s0 + tl.arange(0, BS)
         cmask = cols < N
-        kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
-        kf = _operand(kf, kt, DOT_F32)
-        vt = _tile(vbase, cols, cmask, svn, d, svd, D, DOT_F32)
-        s = _scores(qf, kf, DOT_F32, IEEE)
-        gv = _scores(gt, vt, DOT_F32, IEEE)
+        kt, kf, vt, s, gv = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, D, qf, gt, FEATURE,
+                                           DOT_F32, IEEE)
         if BD2 > 0:
-            kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
-            kf2 = _operand(kf2, kt2, DOT_F32)
-            vt2 = _tile(vbase, cols, cmask, svn, d2, svd, D, DOT_F32)
-            s += _scores(qf2, kf2, DOT_F32, IEEE)
-            gv += _scores(gt2, vt2, DOT_F32, IEEE)
-        bk = tl.load(BLK + cols, mask=cmask, other=0)
-        onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
+            kt2, kf2, vt2, s2, gv2 = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d2, D, qf2, gt2,
+                                                    FEATURE, DOT_F32, IEEE)
+            s += s2
+            gv += gv2
+        onehot = _onehot(tl.load(BLK + cols, mask=cmask, other=0), cmask, m)
         w = _weights(mix_rows, onehot, IEEE)
         dp = (gv - go[:, None]) * inv[:, None]
         a = dp * w
@@ -163,8 +173,7 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
         tl.store(row, inv, mask=rmask)
         tl.store(row + N, go, mask=rmask)
     # this tile's dMc part: the key-block sums of its rows added per query block (onehot^T @ part)
-    qhot = tl.where((bq[:, None] == m[None, :]) & rmask[:, None], 1.0, 0.0)
-    blocks = tl.dot(tl.trans(qhot), part, input_precision="ieee")
+    blocks = tl.dot(tl.trans(_onehot(bq, rmask, m)), part, input_precision="ieee")
     out = DMIX + (bh.to(tl.int64) * tl.num_programs(1) + tile) * M * M
     tl.store(out + m[:, None] * M + m[None, :], blocks, mask=(m < M)[:, None] & (m < M)[None, :])
 
@@ -213,20 +222,15 @@ def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, ROW, DK, DV,
     for t0 in range(0, N, BS):
         rows = t0 + tl.arange(0, BS)
         rmask = rows < N
-        qt, qf = _feature_tile(qbase, rows, rmask, sqn, d, sqd, D, FEATURE)
-        qf = _operand(qf, qt, DOT_F32)
-        gt = _tile(gbase, rows, rmask, sgn, d, sgd, D, DOT_F32)
-        s = _scores(kf, qf, DOT_F32, IEEE)  # (keys, queries)
-        vg = _scores(vt, gt, DOT_F32, IEEE)
+        # (keys, queries) products
+        qt, qf, gt, s, vg = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d, D, kf, vt, FEATURE,
+                                           DOT_F32, IEEE)
         if BD2 > 0:
-            qt2, qf2 = _feature_tile(qbase, rows, rmask, sqn, d2, sqd, D, FEATURE)
-            qf2 = _operand(qf2, qt2, DOT_F32)
-            gt2 = _tile(gbase, rows, rmask, sgn, d2, sgd, D, DOT_F32)
-            s += _scores(kf2, qf2, DOT_F32, IEEE)
-            vg += _scores(vt2, gt2, DOT_F32, IEEE)
-        bq = tl.load(BLK + rows, mask=rmask, other=0)
-        qhot = tl.where((bq[:, None] == m[None, :]) & rmask[:, None], 1.0, 0.0)
-        w = _weights(mix_cols, qhot, IEEE)
+            qt2, qf2, gt2, s2, vg2 = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d2, D, kf2, vt2,
+                                                    FEATURE, DOT_F32, IEEE)
+            s += s2
+            vg += vg2
+        w = _weights(mix_cols, _onehot(tl.load(BLK + rows, mask=rmask, other=0), rmask, m), IEEE)
         if NORMALIZE:
             inv = tl.load(row + rows, mask=rmask, other=0.0)
             go = tl.load(row + N + rows, mask=rmask, other=0.0)
