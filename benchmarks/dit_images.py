@@ -1,10 +1,13 @@
 """DiT-XL/2 images per second for one sampling step (a CFG-batched forward), sdpa vs mhla vs linear,
-eager and torch.compile, at 256 px (32x32 latents, 256 tokens) and 512 px (64x64, 1024 tokens).
+eager and torch.compile, at 256 px (32x32 latents, 256 tokens) and 512 px (64x64, 1024 tokens); with --train,
+for one training step instead (forward, MSE loss, backward, AdamW step and the Mc clipping that mediagen's
+training does after it) on --batch images.
 
 Uses diffusers' stock ``DiTTransformer2DModel`` (random weights) converted by ``mediagen.convert``.
 
     python -m benchmarks.dit_images                 # both sizes, batch 32 images (64 with CFG)
-    python -m benchmarks.dit_images --tiny          # CPU smoke run of the whole script
+    python -m benchmarks.dit_images --train --presets dit-xl-2-256 --batch 64   # training steps
+    python -m benchmarks.dit_images --tiny          # CPU smoke run of the whole script (with --train too)
 
 (run from the repository root, as a module: it imports benchmarks.model_timing)
 """
@@ -14,8 +17,10 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.nn.functional as F
 
 import mediagen
+from mediagen.attention.mhla import clip_mixes_
 from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
 from mediagen.eval.timing import measure
 from mediagen.models.presets import build_transformer
@@ -35,6 +40,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None, help="also append the table to this markdown file")
+    ap.add_argument("--train", action="store_true", help="time a training step on --batch images (no CFG) instead")
     args = ap.parse_args(argv)
     if args.tiny:
         device, dtype = torch.device("cpu"), torch.float32
@@ -57,7 +63,7 @@ def main(argv=None):
         cfg = model.config
         side = cfg.sample_size // cfg.patch_size
         blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else mediagen.models.auto_blocks((side, side))
-        n = 2 * args.batch
+        n = args.batch if args.train else 2 * args.batch
         x = torch.randn(n, cfg.in_channels, cfg.sample_size, cfg.sample_size, device=device, dtype=dtype)
         t = torch.full((n,), 500, device=device)
         y = torch.randint(0, cfg.num_embeds_ada_norm, (n,), device=device)
@@ -71,11 +77,14 @@ def main(argv=None):
                 else:
                     mediagen.convert(model, variant, blocks=blocks, reinit=True)
                 reset_compiler()
+                model.train(args.train)
                 fn = torch.compile(model, backend=args.compile_backend) if mode == "compile" else model
-
-                def step():
-                    with torch.no_grad():
-                        fn(x, timestep=t, class_labels=y, return_dict=False)
+                if args.train:
+                    step = training_step(model, fn, x, t, y)
+                else:
+                    def step():
+                        with torch.no_grad():
+                            fn(x, timestep=t, class_labels=y, return_dict=False)
 
                 ms = measure(step, device, warmup=args.warmup, repeats=args.iters).median_ms
                 ips = args.batch / (ms / 1e3)
@@ -87,11 +96,31 @@ def main(argv=None):
         del model
     header = ["model", "tokens", "blocks", "variant", "mode", "ms/step", "images/s", "vs sdpa", "graph breaks"]
     table = markdown_table(header, rows)
-    title = f"### DiT sampling step, {args.batch} images (CFG batch {2 * args.batch})"
+    title = (f"### DiT training step, {args.batch} images" if args.train
+             else f"### DiT sampling step, {args.batch} images (CFG batch {2 * args.batch})")
     print(f"\n{title}\n\n{table}")
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(f"\n## DiT images/s ({device_name(device)}, {dtype})\n\n{title}\n\n{table}\n")
+
+
+def training_step(model, fn, x, t, y):
+    """One training step of ``model`` (``fn``: it, or its compiled form): an MSE loss of the whole output against
+    a fixed random target, backward, AdamW, then Mc clipped to [0, 1] as mediagen's training does."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    target = None
+
+    def step():
+        nonlocal target
+        out = fn(x, timestep=t, class_labels=y, return_dict=False)[0]
+        if target is None:
+            target = torch.randn_like(out)
+        F.mse_loss(out.float(), target.float()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clip_mixes_(model)
+
+    return step
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed|train OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -52,6 +52,15 @@ speed)  # the eager-speed targets: op host time, bf16 gradients against fp64, te
   run attention_speed 90 python3 -m benchmarks.attention --methods "mhla triton,sdpa cudnn" \
     --shapes "DiT-XL/2 256,Wan2.1-1.3B 81f 480x832" --out "$out/attention.md"
   run dit_speed 100 python3 -m benchmarks.dit_images --presets dit-xl-2-256 --modes eager,compile
+  ;;
+train)  # the training path: the dense backward's GPU tests, the op's forward + backward by algorithm beside SDPA,
+        # its host time, and the DiT-XL/2 256 px training step eager and compiled (about 9 minutes)
+  run train_tests 150 python3 -m pytest -q tests/test_mhla_triton.py \
+    -k "half_precision or (sweep and dtype2) or either_backward or later_calls or custom_op"
+  run mhla_backward 120 python3 -m benchmarks.mhla_backward
+  run host_overhead 60 python3 -m benchmarks.mhla_host_overhead --calls 50 --repeats 7
+  run dit_train 180 python3 -m benchmarks.dit_images --train --presets dit-xl-2-256 --batch 64 --modes eager,compile \
+    --variants sdpa,mhla
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
