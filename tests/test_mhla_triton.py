@@ -987,6 +987,34 @@ def test_kernels_launch_with_the_override(device, monkeypatch):
     assert r["grid"][2] == 1  # D = 16 in one 16-column tile
 
 
+def test_dense_backward_launches_with_its_settings(device, monkeypatch):
+    """The dense backward's two kernels take the ``dense_grad`` settings in force at the forward: rows per program,
+    rows per step, warps and stages, and a grid of one program per (batch x head, row tile); the same gradients
+    as with the defaults."""
+    monkeypatch.setattr(triton_op, "_plans", {})
+    recorders = [LaunchRecorder(getattr(triton_op, n)) for n in ("dense_query_grad_kernel", "dense_key_grad_kernel")]
+    for name, recorder in zip(("dense_query_grad_kernel", "dense_key_grad_kernel"), recorders):
+        monkeypatch.setattr(triton_op, name, recorder)
+    grid, blocks = (5, 9), (2, 3)
+    q, k, v = (t.requires_grad_() for t in make(2, grid, 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(6, 6, device=device)
+
+    def grads():
+        o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
+        return torch.autograd.grad(o.square().sum(), (q, k, v))
+
+    with launch_settings("dense_grad", BT=16, BS=16, warps=2, stages=1):
+        small = grads()
+    default = grads()
+    for r in recorders:
+        first, second = r.launches
+        assert (first["BT"], first["BS"], first["num_warps"], first["num_stages"]) == (16, 16, 2, 1)
+        assert first["grid"] == (4, 3)  # 45 rows in tiles of 16
+        assert (second["BT"], second["num_warps"]) == (32, launch_defaults.DEFAULTS["dense_grad"].warps)  # fp32: 32
+    for a, b in zip(small, default):
+        assert rel_err(a, b) < 1e-5
+
+
 def test_plans_are_made_once_per_shapes_and_settings(device, monkeypatch):
     """The op works out its launches once per call pattern: a second call with the same shapes, strides, dtypes,
     options and launch settings reuses the first call's plan; other strides and other launch settings get plans
