@@ -96,3 +96,30 @@ def test_short_sequences_take_the_quadratic_form(monkeypatch):
     assert taken == [1]
     with pytest.raises(ValueError, match="form='dense' is not allowed"):
         mhla_blocked(q, q, q, torch.rand(9, 9), (14, 14), (3, 3), form="dense")
+
+
+def test_quadratic_form_reuses_its_pair_weights_until_mc_changes():
+    """Without gradients the quadratic form keeps Mc's per-pair weights on Mc and reuses them while Mc is unchanged;
+    an in-place write to Mc makes them again (the output follows it); with gradients they are made in the graph
+    and Mc gets its gradient, equal to the reference's."""
+    blocked = importlib.import_module("mediagen.kernels.mhla.blocked")
+    grid, blocks = (7, 6), (3, 2)
+    q, k, v = (torch.randn(2, 42, 2, 8, dtype=torch.float64) for _ in range(3))
+    mix = torch.nn.Parameter(torch.rand(2, 6, 6, dtype=torch.float64))
+    args = dict(feature_map="relu", form="quadratic")
+    with torch.no_grad():
+        first = mhla_blocked(q, k, v, mix, grid, blocks, **args)
+        kept = mix._mediagen_pairs[2]
+        again = mhla_blocked(q, k, v, mix, grid, blocks, **args)
+        assert mix._mediagen_pairs[2] is kept and torch.equal(again, first)
+        mix.mul_(0.5).add_(torch.eye(6, dtype=torch.float64))
+        changed = mhla_blocked(q, k, v, mix, grid, blocks, **args)
+        assert mix._mediagen_pairs[2] is not kept
+    want = mhla_reference(q, k, v, mix.detach(), grid, blocks, feature_map="relu")
+    assert torch.allclose(changed, want, rtol=1e-10, atol=1e-12) and not torch.allclose(first, want)
+    o = mhla_blocked(q, k, v, mix, grid, blocks, **args)
+    (grad,) = torch.autograd.grad(o.square().sum(), mix)
+    ref = mix.detach().clone().requires_grad_()
+    (ref_grad,) = torch.autograd.grad(mhla_reference(q, k, v, ref, grid, blocks, feature_map="relu").square().sum(), ref)
+    assert torch.allclose(grad, ref_grad, rtol=1e-9, atol=1e-12)
+    assert blocked._pair_weights(mix, blocked._token_ids(grid, blocks, q.device), torch.float64).requires_grad
