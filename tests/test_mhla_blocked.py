@@ -109,12 +109,12 @@ def test_quadratic_form_reuses_its_pair_weights_until_mc_changes():
     args = dict(feature_map="relu", form="quadratic")
     with torch.no_grad():
         first = mhla_blocked(q, k, v, mix, grid, blocks, **args)
-        kept = mix._mediagen_pairs[2]
+        kept = mix._mediagen_pairs[-1]
         again = mhla_blocked(q, k, v, mix, grid, blocks, **args)
-        assert mix._mediagen_pairs[2] is kept and torch.equal(again, first)
+        assert mix._mediagen_pairs[-1] is kept and torch.equal(again, first)
         mix.mul_(0.5).add_(torch.eye(6, dtype=torch.float64))
         changed = mhla_blocked(q, k, v, mix, grid, blocks, **args)
-        assert mix._mediagen_pairs[2] is not kept
+        assert mix._mediagen_pairs[-1] is not kept
     want = mhla_reference(q, k, v, mix.detach(), grid, blocks, feature_map="relu")
     assert torch.allclose(changed, want, rtol=1e-10, atol=1e-12) and not torch.allclose(first, want)
     o = mhla_blocked(q, k, v, mix, grid, blocks, **args)

@@ -293,13 +293,13 @@ def test_fp32_copy_of_a_half_mix_is_reused_until_it_changes(device, algorithm):
     mix = torch.rand(4, 4, device=device).to(torch.bfloat16)
     args = ((4, 6), (2, 2))
     first = mhla(q, k, v, mix, *args, feature_map="relu", backend="triton", algorithm=algorithm)
-    copy = mix._mediagen_fp32[1]
+    copy = mix._mediagen_fp32[-1]
     again = mhla(q, k, v, mix, *args, feature_map="relu", backend="triton", algorithm=algorithm)
-    assert mix._mediagen_fp32[1] is copy and torch.equal(again, first)
+    assert mix._mediagen_fp32[-1] is copy and torch.equal(again, first)
     with torch.no_grad():
         mix[0].mul_(4).add_(1)
     changed = mhla(q, k, v, mix, *args, feature_map="relu", backend="triton", algorithm=algorithm)
-    assert mix._mediagen_fp32[1] is not copy and torch.equal(mix._mediagen_fp32[1], mix.float())
+    assert mix._mediagen_fp32[-1] is not copy and torch.equal(mix._mediagen_fp32[-1], mix.float())
     want = mhla(q, k, v, mix.float(), *args, feature_map="relu", backend="reference")
     assert rel_err(changed, want) < 1e-2 and rel_err(first, want) > 1e-2
 

@@ -110,6 +110,21 @@ def persistent_copy(t: torch.Tensor, device) -> torch.Tensor:
     return out[0]
 
 
+def kept_on(t: torch.Tensor, name: str, build, *extra):
+    """``build()``, a tensor derived from ``t``'s values, kept on ``t`` as attribute ``name`` and returned again while
+    t's data pointer and version counter (an in-place write, an optimizer step or a load bumps it) and the objects
+    ``extra`` (by identity; held, so their ids stay theirs) are the same. Not kept from inside a CUDA-graph capture,
+    whose memory belongs to the graph."""
+    key = (t.data_ptr(), t._version, *map(id, extra))
+    hit = getattr(t, name, None)
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    value = build()
+    if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+        setattr(t, name, (key, extra, value))
+    return value
+
+
 def on_device(build, grid, blocks, device):
     """``build(grid, blocks)`` (a tuple of CPU index tensors and ints, lru-cached by the caller) with its
     tensors moved to ``device``, cached per (build, grid, blocks, device) so repeated layers reuse one copy."""

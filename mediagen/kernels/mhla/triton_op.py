@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .checks import FEATURE_CODES
-from .layout import block_token_lists, persistent_copy, token_block_ids
+from .layout import block_token_lists, kept_on, persistent_copy, token_block_ids
 from .settings import current_settings, kernel_settings
 from .triton_chunked import apply_kernel, key_grad_kernel, query_grad_kernel, summary_kernel
 from .triton_dense import dense_forward_kernel
@@ -781,18 +781,9 @@ class _Plan:
 
 
 def _fp32_mix(mix):
-    """Mc as fp32 and contiguous, the copy kept on ``mix`` and reused while its data pointer and version counter
-    are unchanged (an in-place write, an optimizer step or a load bumps the version): a bf16 model's Mc was
-    copied on every call, 12 us of host time a call (H200 machine, one layer of a class-to-image DiT). Not kept
-    from inside a CUDA-graph capture, whose memory belongs to the graph."""
-    key = (mix.data_ptr(), mix._version)
-    hit = getattr(mix, "_mediagen_fp32", None)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    m = mix.detach().float().contiguous()
-    if not (mix.is_cuda and torch.cuda.is_current_stream_capturing()):
-        mix._mediagen_fp32 = (key, m)
-    return m
+    """Mc as fp32 and contiguous, kept on ``mix`` until it changes (``layout.kept_on``): a bf16 model's Mc was copied
+    on every call, 12 us of host time a call (H200 machine, one layer of a class-to-image DiT)."""
+    return kept_on(mix, "_mediagen_fp32", lambda: mix.detach().float().contiguous())
 
 
 class _BackwardPlan:
