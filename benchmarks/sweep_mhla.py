@@ -8,6 +8,7 @@ the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
     python -m benchmarks.sweep_mhla --kernels summary,apply --shape "DiT-XL/2 512px"   # at another shape
     python -m benchmarks.sweep_mhla --dense    # only the dense kernel's tiles, DiT shapes
     python -m benchmarks.sweep_mhla --dense --batches 8,64    # at other batch sizes (CFG doubles a batch)
+    python -m benchmarks.sweep_mhla --dense-grad --batches 8,64   # the dense backward's tiles, DiT 256 px
 
 (from the repository root, as a module)
 """
@@ -112,6 +113,31 @@ def sweep_dense(shapes, batches=(None,)):
         print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
 
 
+def sweep_dense_grad(shape, batches=(None,)):
+    """The dense backward's launch settings (both of its kernels take them), timed as the op's forward +
+    backward of q, k, v and Mc with the dense forward at its defaults, at ``shape`` and each batch."""
+    s = shape
+    for batch in batches:
+        B, N, H, D = batch or s.batch, s.tokens, s.heads, s.head_dim
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        mix = locality_mix(s.blocks).cuda().requires_grad_()
+        g = torch.randn_like(q)
+
+        def step():
+            o = T.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu", algorithm="dense")
+            return torch.autograd.grad(o, (q, k, v, mix), g)
+
+        default = timed(step)
+        rows = []
+        for bt, bs, warps, stages in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3)):
+            with launch_settings("dense_grad", BT=bt, BS=bs, warps=warps, stages=stages):
+                rows.append((timed(step), bt, bs, warps, stages))
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        failed = [r[1:] for r in rows if isinstance(r[0], str)]
+        print(f"{s.name} B={B} dense forward + dense backward (ms, BT, BS, warps, stages): best {ok[:4]}; "
+              f"default {kernel_settings('dense_grad')} -> {default}; worst {ok[-1]}; failed {failed}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -119,16 +145,21 @@ def main():
     ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at --shape")
     ap.add_argument("--shape", default="Wan2.1-1.3B 81f 480x832", help="the shape --kernels sweeps at")
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
-    ap.add_argument("--batches", default="", help="with --dense: comma list of batch sizes (default: the shapes')")
+    ap.add_argument("--dense-grad", action="store_true", help="sweep only the dense backward, at DiT-XL/2 256 px")
+    ap.add_argument("--batches", default="",
+                    help="with --dense or --dense-grad: comma list of batch sizes (default: the shapes')")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
-    if args.dense:
+    if args.dense or args.dense_grad:
         try:
             batches = [int(b) for b in args.batches.split(",") if b] or [None]
         except ValueError:
             ap.error(f"--batches={args.batches!r} is not allowed: use a comma list of positive ints, e.g. 8,64")
         if any(b is not None and b < 1 for b in batches):
             ap.error(f"--batches={args.batches!r} is not allowed: use a comma list of positive ints, e.g. 8,64")
+        if args.dense_grad:
+            sweep_dense_grad(shapes["DiT-XL/2 256px"], batches)
+            return
         sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], batches)
         return
     if args.mix:
