@@ -9,6 +9,8 @@ the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
     python -m benchmarks.sweep_mhla --dense    # only the dense kernel's tiles, DiT shapes
     python -m benchmarks.sweep_mhla --dense --batches 8,64    # at other batch sizes (CFG doubles a batch)
     python -m benchmarks.sweep_mhla --dense-grad --batches 8,64   # the dense backward's tiles, DiT 256 px
+    python -m benchmarks.sweep_mhla --dense --shipped --batches 2,8,32   # the dense forward at the shipped
+                                                   # models' sampling shapes (no gradients), beside SDPA
 
 (from the repository root, as a module)
 """
@@ -22,7 +24,7 @@ import torch
 import triton.testing
 
 from mediagen.attention.mhla import locality_mix
-from mediagen.eval.attention_bench import GPU_SHAPES
+from mediagen.eval.attention_bench import GPU_SHAPES, Shape
 from mediagen.kernels.mhla import kernel_settings, launch_settings, layout, triton_op as T
 
 
@@ -101,7 +103,7 @@ def sweep_dense(shapes, batches=(None,)):
         for bt, bs, warps, stages in itertools.product((32, 64, 128, 256), (32, 64), (4, 8), (1, 2, 3)):
             # the head dim in two tiles (DiT's 72 in bf16) takes its settings from "dense_split"
             tiles = dict(BT=bt, BS=bs, warps=warps, stages=stages)
-            with launch_settings("dense", **tiles, onehot=True), launch_settings("dense_split", **tiles):
+            with launch_settings("dense", **tiles, onehot=True, fill=False), launch_settings("dense_split", **tiles):
                 rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
                              bt, bs, warps, stages))
         with launch_settings("dense", onehot=False):
@@ -111,6 +113,48 @@ def sweep_dense(shapes, batches=(None,)):
         for bt in (32, 64, 128, 256):
             print(f"  best with BT={bt}: {next((r for r in ok if r[1] == bt), None)}", flush=True)
         print(f"  default settings with gathered weights (onehot=False): {gathered}", flush=True)
+
+
+# the shipped MNIST models' attention (shape, RoPE on the features): image-mhla, video-mhla
+SHIPPED = [(Shape("image 14x14", 2, (14, 14), 3, 64, (3, 3)), False),
+           (Shape("video 16x8x8", 2, (16, 8, 8), 6, 64, (4, 2, 2)), True)]
+
+
+def sweep_dense_shipped(batches=(None,)):
+    """The dense forward without gradients (what sampling runs) at the shipped models' shapes, over query tiles
+    down to 16 rows (at a small batch the default tiles leave most SMs idle), beside cuDNN and flash SDPA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for (s, rope), batch in itertools.product(SHIPPED, batches):
+        B, N, H, D = batch or s.batch, s.tokens, s.heads, s.head_dim
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        mix = locality_mix(s.blocks).cuda()
+        tables = None
+        if rope:
+            angle = torch.rand(N, D // 2, device="cuda") * 6.28
+            tables = (angle.cos(), angle.sin())
+
+        def op():
+            with torch.no_grad():
+                return T.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu", algorithm="dense",
+                                     rope=tables)
+
+        default = timed(op)
+        rows = []
+        for bt, bs, warps, stages in itertools.product((16, 32, 64, 128, 256), (32, 64), (2, 4, 8), (2,)):
+            tiles = dict(BT=bt, BS=bs, warps=warps, stages=stages)
+            with launch_settings("dense", **tiles, fill=False), launch_settings("dense_split", **tiles):
+                rows.append((timed(op), bt, bs, warps, stages))
+        ok = sorted(r for r in rows if not isinstance(r[0], str))
+        qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
+        ref = {}
+        for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            with sdpa_kernel(getattr(SDPBackend, name)):
+                ref[name] = timed(lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs))
+        print(f"{s.name} B={B} dense forward, no grad (ms, BT, BS, warps, stages): best {ok[:4]}; default "
+              f"{kernel_settings('dense')} -> {default}; worst {ok[-1]}; sdpa {ref}", flush=True)
+        for bt in (16, 32, 64, 128, 256):
+            print(f"  best with BT={bt}: {next((r for r in ok if r[1] == bt), None)}", flush=True)
 
 
 def sweep_dense_grad(shape, batches=(None,)):
@@ -145,6 +189,8 @@ def main():
     ap.add_argument("--kernels", default="", help="comma list of chunked kernels: sweep only these, at --shape")
     ap.add_argument("--shape", default="Wan2.1-1.3B 81f 480x832", help="the shape --kernels sweeps at")
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
+    ap.add_argument("--shipped", action="store_true",
+                    help="with --dense: at the shipped MNIST models' sampling shapes, no gradients")
     ap.add_argument("--dense-grad", action="store_true", help="sweep only the dense backward, at DiT-XL/2 256 px")
     ap.add_argument("--batches", default="",
                     help="with --dense or --dense-grad: comma list of batch sizes (default: the shapes')")
@@ -159,6 +205,9 @@ def main():
             ap.error(f"--batches={args.batches!r} is not allowed: use a comma list of positive ints, e.g. 8,64")
         if args.dense_grad:
             sweep_dense_grad(shapes["DiT-XL/2 256px"], batches)
+            return
+        if args.shipped:
+            sweep_dense_shipped(batches)
             return
         sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], batches)
         return

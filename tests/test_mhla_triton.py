@@ -1015,6 +1015,44 @@ def test_dense_backward_launches_with_its_settings(device, monkeypatch):
         assert rel_err(a, b) < 1e-5
 
 
+@pytest.mark.parametrize("BH,N,sms,want", [(6, 196, 132, (16, 4)), (24, 196, 132, (64, 4)), (12, 1024, 132, (128, 8)),
+                                           (128, 256, 132, (128, 8)), (6, 196, None, (128, 8)), (1, 8, 132, (16, 4))])
+def test_fill_rows(BH, N, sms, want):
+    """The dense forward's rows per program at a launch of ``BH`` batch x heads: image-mhla's sampling at B = 2
+    and 8 (3 heads, 196 tokens) runs 16 and 64 rows of 4 warps, the video model's (6 heads, 1,024 tokens) at B =
+    2 and DiT-XL/2 at B = 8 keep theirs; without an SM count, as set; never under 16 rows."""
+    assert triton_op.fill_rows(128, 8, BH, N, sms) == want
+    rng = random.Random(0)
+    for _ in range(200):  # the rule: the largest halving of BT (to 16) with at least half the SMs busy
+        BT, BH, N, sms = rng.choice((32, 64, 128, 256)), rng.randint(1, 512), rng.randint(1, 5000), rng.choice((8, 132))
+        rows, _ = triton_op.fill_rows(BT, 8, BH, N, sms)
+        programs = lambda r: BH * math.ceil(N / r)  # noqa: E731
+        assert rows <= BT and rows >= min(16, BT) and BT % rows == 0
+        assert programs(rows) >= sms // 2 or rows == 16 or rows == BT and BT <= 16
+        assert rows == BT or programs(2 * rows) < sms // 2
+
+
+def test_dense_forward_fills_the_gpu(device, monkeypatch):
+    """With an SM count (a GPU's; faked here for the interpreter) a small launch takes fewer rows per program,
+    and the output is the same; ``fill=False`` keeps the set rows."""
+    monkeypatch.setattr(triton_op, "_plans", {})
+    monkeypatch.setattr(triton_op, "_sms_of", lambda device: 132)
+    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
+    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    grid, blocks = (5, 9), (2, 3)
+    q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    with torch.no_grad():
+        o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
+        with launch_settings("dense", fill=False):
+            kept = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
+    filled, unfilled = recorder.launches
+    assert (filled["BT"], filled["grid"]) == (16, (2, 3))  # 45 rows of 2 heads in tiles of 16
+    assert unfilled["BT"] == triton_op.dense_settings(16, torch.float32, False, True)["BT"] > 16
+    r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu")
+    assert rel_err(o, r) < 1e-4 and rel_err(kept, r) < 1e-4
+
+
 def test_plans_are_made_once_per_shapes_and_settings(device, monkeypatch):
     """The op works out its launches once per call pattern: a second call with the same shapes, strides, dtypes,
     options and launch settings reuses the first call's plan; other strides and other launch settings get plans

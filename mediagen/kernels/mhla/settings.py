@@ -85,13 +85,16 @@ class ChunkedSettings:
 class DenseSettings:
     """The dense forward with its head dim in one tile (triton_dense.py): BT queries and BS keys per step
     (both smaller for wide or fp32 tiles: triton_op.dense_settings), warps, stages. onehot: block weights
-    picked by a one-hot product (up to 128 blocks) instead of gathered."""
+    picked by a one-hot product (up to 128 blocks) instead of gathered. fill: fewer query rows per program
+    (with the split head dim too) where a launch would leave most SMs idle (triton_op.fill_rows); a sweep of
+    BT sets it False."""
 
     BT: int
     BS: int
     warps: int
     stages: int
     onehot: bool = True
+    fill: bool = True
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,9 @@ DEFAULTS: Mapping[str, Settings] = MappingProxyType({
     # 256 queries and 64 keys per step: 15.8 us at DiT-XL/2 256 px, the sweep's best with 16-byte aligned
     # rows (32 keys with 3 stages: 16.4 us)
     "dense_split": DenseSplitSettings(BT=256, BS=64, warps=8, stages=2),
-    "dense_grad": DenseGradSettings(BT=64, BS=64, warps=4, stages=2),
+    # 128 rows per program, 64 per step: DiT-XL/2 256 px forward + backward 126 us at B = 8 and 952 at B = 64
+    # (64 rows, 4 warps, 2 stages: 140 and 991; benchmarks.sweep_mhla --dense-grad)
+    "dense_grad": DenseGradSettings(BT=128, BS=64, warps=8, stages=3),
     # Streaming over column tiles with 4 programs per SM: Wan 480p 27.6 us at 64 columns (35-39 with one
     # tile per program), DiT-XL/2 512 px 9.6 us at 256 (11.8). lowp: bf16 products in the mix, 11.0 vs
     # 27.3 us at Wan 480p (SANA 4K 5.8 vs 13.5), within the bf16 error bound; 4 stages is Wan 480p's best

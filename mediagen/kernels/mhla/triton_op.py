@@ -365,12 +365,33 @@ def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, e
              PREFETCH=settings["apply"].prefetch, num_warps=warps, num_stages=stages))
 
 
-def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode) -> CachedLaunch:
-    """``strides``: those of q, k, v."""
+def fill_rows(BT: int, warps: int, BH: int, N: int, sms: Optional[int]) -> tuple[int, int]:
+    """The dense forward's query rows per program and warps for a launch of ``BH`` batch x heads over ``N``
+    tokens: while it has fewer programs than half the SMs, halve the rows (to 16 at the least; 4 warps below 128
+    rows). At a small batch the set tiles leave most SMs idle: image-mhla's sampling (B = 2, 196 tokens, 3
+    heads) ran 12 programs of 128 rows in 7.7 us, 78 programs of 16 rows take 6.1 (cuDNN 7.4); at B = 8 96 of 64
+    rows 7.4 against 7.9 (H200, ``benchmarks.sweep_mhla --dense --shipped``). ``sms`` None (no GPU): as set."""
+    if sms is None:
+        return BT, warps
+    while BT > 16 and BH * _cdiv(N, BT) < sms // 2:
+        BT //= 2
+    return BT, (min(warps, 4) if BT < 128 else warps)
+
+
+def _sms_of(device) -> Optional[int]:
+    return _num_sms(device.index or 0) if device.type == "cuda" and not _interpreting() else None
+
+
+def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode,
+                  sms: Optional[int] = None) -> CachedLaunch:
+    """``strides``: those of q, k, v. ``sms``: the GPU's SM count, for ``fill_rows`` (with the dense settings'
+    ``fill``)."""
     B, N, H, D = shape
     rope = tstrides is not None
     tiles = _dense_tiles(settings, D, dtype, rope, normalize)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
+    if settings["dense"].fill:
+        tiles["BT"], warps = fill_rows(tiles["BT"], warps, B * H, N, sms)
     ieee = dtype == torch.float32
     o_stride = _contiguous(shape)
     al = _stride_unit_of(*strides, o_stride)
@@ -639,7 +660,8 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
     key = ("dense", id(settings), q.shape, q.dtype, strides, tstrides, M, mix.dim() == 3, normalize, eps, scale,
            fcode)
     launch = _cached(_launches, key, lambda: (settings, _dense_launch(
-        settings, q.shape, q.dtype, strides, tstrides, M, mix.dim() == 3, normalize, eps, scale, fcode)))[1]
+        settings, q.shape, q.dtype, strides, tstrides, M, mix.dim() == 3, normalize, eps, scale, fcode,
+        _sms_of(q.device))))[1]
     return _run_dense(launch, q, k, v, mix.float().contiguous(), _token_blocks_int32(grid, blocks, q.device), cos,
                       sin)
 
@@ -712,7 +734,7 @@ class _Plan:
         if algorithm == "dense":
             self.blk = _token_blocks_int32(grid, blocks, device)
             self.dense = _dense_launch(settings, shape, dtype, (q.stride(), k.stride(), v.stride()), tstrides, M,
-                                       self.per_head, normalize, eps, scale, fcode)
+                                       self.per_head, normalize, eps, scale, fcode, _sms_of(device))
         else:
             self._summary_and_mix(shape, dtype, device)
             self.apply = _apply_launch(settings, shape, dtype, q.stride(), tstrides, M, self.J, normalize, eps,
@@ -971,7 +993,7 @@ def mhla_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Ten
     M = mix.shape[-1]
     launch = _dense_launch(current_settings(), q.shape, q.dtype, (q.stride(), k.stride(), v.stride()),
                            _table_strides(cos, sin), M, mix.dim() == 3, normalize, eps, scale,
-                           FEATURE_CODES[feature_map])
+                           FEATURE_CODES[feature_map], _sms_of(q.device))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     wrap_triton(dense_forward_kernel)[launch.grid](q, k, v, mix, blk, o, q if cos is None else cos,
                                                     q if sin is None else sin, *launch.scalars, **launch.consts)
