@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed|train OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed|train|shipped OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -61,6 +61,14 @@ train)  # the training path: the dense backward's GPU tests, the op's forward + 
   run host_overhead 60 python3 -m benchmarks.mhla_host_overhead --calls 50 --repeats 7
   run dit_train 180 python3 -m benchmarks.dit_images --train --presets dit-xl-2-256 --batch 64 --modes eager,compile \
     --variants sdpa,mhla
+  ;;
+shipped)  # the shipped MNIST models on the GPU: the dense forward's and the CPE's GPU tests, the CPE kernel's
+          # tiles, the dense forward's tiles at their shapes, image sampling under CUDA graphs (about 8 minutes)
+  run shipped_tests 150 python3 -m pytest -q tests/test_mhla_triton.py tests/test_cpe_kernel.py -k "dense or fill or cpe"
+  run cpe_sweep 90 python3 -m benchmarks.sweep_cpe --batches 2,64
+  run dense_shipped 120 python3 -m benchmarks.sweep_mhla --dense --shipped --batches 2,8
+  run image_graphs 120 python3 -m benchmarks.image_latency --device cuda --dtype bf16 --batches 1 64 \
+    --runtime cuda-graphs --rounds 4 --models image-sdpa image-mhla
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
