@@ -53,6 +53,24 @@ def test_generate_bad_input_is_a_readable_error(tmp_path, capsys):
     assert "png" in capsys.readouterr().err
 
 
+def test_generate_refuses_a_bad_suffix_before_building(tmp_path, capsys, monkeypatch):
+    """A suffix no task writes, or one the asked --task does not, is refused before any model is built."""
+    from mediagen.pipelines import building
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a pipeline was built")
+
+    monkeypatch.setattr(building, "build_pipeline", no_build)
+    assert main(["generate", "--model", "dit-tiny", "--out", str(tmp_path / "a.jpg")]) == 2
+    assert "mediagen generate writes png or mp4 or gif files" in capsys.readouterr().err
+    assert main(["generate", "--task", "text-to-video", "--model", "wan-tiny", "--prompt", "x", "--out",
+                 str(tmp_path / "a.png")]) == 2
+    assert "text-to-video writes mp4 or gif files" in capsys.readouterr().err
+    assert main(["generate", "--task", "class-to-image", "--model", "dit-tiny", "--out", str(tmp_path / "a.gif")]) == 2
+    assert "class-to-image writes png files" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_generate_default_model_follows_the_task(tmp_path, monkeypatch):
     from mediagen.pipelines.generate_cli import _default_model
 

@@ -139,11 +139,21 @@ def _sizes(args, pipe, model_preset):
     return height, width, frames
 
 
+def _check_out(out: Path, task: str | None) -> None:
+    """``out``'s suffix against what ``task`` writes (None: any task, the model not known yet)."""
+    from .export import IMAGE_FORMATS, VIDEO_FORMATS
+
+    allowed = {"text-to-video": VIDEO_FORMATS, None: (*IMAGE_FORMATS, *VIDEO_FORMATS)}.get(task, IMAGE_FORMATS)
+    if out.suffix.lstrip(".").lower() not in allowed:
+        what = "mediagen generate" if task is None else task
+        raise ValueError(f"--out {str(out)!r}: {what} writes {' or '.join(allowed)} files")
+
+
 def run(args) -> int:
     from ..models.convert import convert
     from ..models.presets import PRESETS
     from .building import build_pipeline, task_of, token_grid
-    from .export import IMAGE_FORMATS, VIDEO_FORMATS, save_media
+    from .export import save_media
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -152,6 +162,8 @@ def run(args) -> int:
     if args.runtime == "cuda-graphs" and device.type != "cuda":   # refused before any model is built
         raise ValueError(f"--runtime cuda-graphs is not allowed with --device {args.device}: CUDA graphs need "
                          f"--device cuda; use --runtime compile or eager")
+    if args.out is not None:  # refused before any model is built where the suffix already tells
+        _check_out(Path(args.out), args.task)
     if args.model is None:
         args.model = _default_model(args.task)
     if _shipped_family(args.model) and args.attention is not None:
@@ -166,9 +178,7 @@ def run(args) -> int:
         raise ValueError(f"--task {task} does not fit model {args.model!r} (a {task_of(pipe.transformer)} model)")
     suffix = ".mp4" if task == "text-to-video" else ".png"
     out = Path(args.out) if args.out else Path("outputs") / f"{task}-{args.seed}{suffix}"
-    allowed = VIDEO_FORMATS if task == "text-to-video" else IMAGE_FORMATS
-    if out.suffix.lstrip(".").lower() not in allowed:
-        raise ValueError(f"--out {str(out)!r}: {task} writes {' or '.join(allowed)} files")
+    _check_out(out, task)
     preset = PRESETS.get(args.model)
     height, width, frames = _sizes(args, pipe, preset)
     if task == "text-to-image":
