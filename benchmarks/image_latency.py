@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from mediagen.eval.timing import measure
+from mediagen.host_memory import keep_freed_memory
 from mediagen.pipelines import build_pipeline
 from mediagen.pipelines.runtime import RUNTIMES, check_runtime
 
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
                    help="how the denoising loop runs the transformer (the pipelines' set_runtime); a compiled "
                         "runtime compiles in the warm-up round")
     args = p.parse_args(argv)
+    keep_freed_memory()  # as the console script runs the app and `mediagen generate` (mediagen/host_memory.py)
     for name, value in (("--steps", args.steps), ("--rounds", args.rounds), *(("--batches", b) for b in args.batches)):
         if value < 1:
             p.error(f"{name}={value} is not allowed: use 1 or more")

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mediagen.host_memory import keep_freed_memory
+
 DIRECTIONS = ("left", "right", "up", "down")
 
 
@@ -104,6 +106,7 @@ def main(argv=None) -> int:
                         "e.g. mediagen/checkpoints/text-mlra) instead of the pipeline's own; writes "
                         "DIR/<name>-<encoder>.npz and no stills")
     args = p.parse_args(argv)
+    keep_freed_memory()  # as the console script runs the app and `mediagen generate` (mediagen/host_memory.py)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     still_steps = Limits().still_steps if args.still_steps is None else args.still_steps
     if still_steps < 1:

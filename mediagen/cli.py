@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .host_memory import keep_freed_memory
+
+    keep_freed_memory()  # CPU steps reuse their freed temporaries instead of faulting fresh pages in
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

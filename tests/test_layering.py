@@ -19,12 +19,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mediagen"
 
-# Lowest first. "data" holds the shipped datasets (numpy only); "__init__" is the package façade
+# Lowest first. "data" holds the shipped datasets (numpy only), "host_memory" the process's allocator setting
+# (standard library only); "__init__" is the package façade
 # (``import mediagen``) and "cli" the console script, which reach every subcommand. "text" is the
 # text-encoder stack: above "attention" (its softmax mixer reuses SDPAttention) and below "models",
 # so the diffusion attentions never depend on it.
 LAYERS = (
-    ("data",),
+    ("data", "host_memory"),
     ("kernels",),
     ("attention",),
     ("text",),
