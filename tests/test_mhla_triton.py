@@ -1020,16 +1020,19 @@ def test_dense_backward_launches_with_its_settings(device, monkeypatch):
 def test_fill_rows(BH, N, sms, want):
     """The dense forward's rows per program at a launch of ``BH`` batch x heads: image-mhla's sampling at B = 2
     and 8 (3 heads, 196 tokens) runs 16 and 64 rows of 4 warps, the video model's (6 heads, 1,024 tokens) at B =
-    2 and DiT-XL/2 at B = 8 keep theirs; without an SM count, as set; never under 16 rows."""
+    2 and DiT-XL/2 at B = 8 keep theirs; without an SM count, as set; never under 16 rows. A launch that fills
+    the GPU at rows set below 128 (fp32's 64, say) keeps its warps too."""
     assert triton_op.fill_rows(128, 8, BH, N, sms) == want
+    assert triton_op.fill_rows(64, 8, 512, 256, 132) == (64, 8)
     rng = random.Random(0)
     for _ in range(200):  # the rule: the largest halving of BT (to 16) with at least half the SMs busy
         BT, BH, N, sms = rng.choice((32, 64, 128, 256)), rng.randint(1, 512), rng.randint(1, 5000), rng.choice((8, 132))
-        rows, _ = triton_op.fill_rows(BT, 8, BH, N, sms)
+        rows, warps = triton_op.fill_rows(BT, 8, BH, N, sms)
         programs = lambda r: BH * math.ceil(N / r)  # noqa: E731
         assert rows <= BT and rows >= min(16, BT) and BT % rows == 0
         assert programs(rows) >= sms // 2 or rows == 16 or rows == BT and BT <= 16
         assert rows == BT or programs(2 * rows) < sms // 2
+        assert warps == (8 if rows == BT or rows >= 128 else 4)
 
 
 def test_dense_forward_fills_the_gpu(device, monkeypatch):

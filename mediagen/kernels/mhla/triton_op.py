@@ -367,15 +367,16 @@ def _apply_launch(settings, shape, dtype, q_stride, tstrides, M, J, normalize, e
 
 def fill_rows(BT: int, warps: int, BH: int, N: int, sms: Optional[int]) -> tuple[int, int]:
     """The dense forward's query rows per program and warps for a launch of ``BH`` batch x heads over ``N``
-    tokens: while it has fewer programs than half the SMs, halve the rows (to 16 at the least; 4 warps below 128
-    rows). At a small batch the set tiles leave most SMs idle: image-mhla's sampling (B = 2, 196 tokens, 3
+    tokens: while it has fewer programs than half the SMs, halve the rows (to 16 at the least; halved below 128
+    rows, 4 warps at most; a launch that fills the GPU as set keeps its rows and warps). At a small batch the set tiles leave most SMs idle: image-mhla's sampling (B = 2, 196 tokens, 3
     heads) ran 12 programs of 128 rows in 7.7 us, 78 programs of 16 rows take 6.1 (cuDNN 7.4); at B = 8 96 of 64
     rows 7.4 against 7.9 (H200, ``benchmarks.sweep_mhla --dense --shipped``). ``sms`` None (no GPU): as set."""
     if sms is None:
         return BT, warps
-    while BT > 16 and BH * _cdiv(N, BT) < sms // 2:
-        BT //= 2
-    return BT, (min(warps, 4) if BT < 128 else warps)
+    rows = BT
+    while rows > 16 and BH * _cdiv(N, rows) < sms // 2:
+        rows //= 2
+    return (BT, warps) if rows == BT else (rows, min(warps, 4) if rows < 128 else warps)
 
 
 def _sms_of(device) -> Optional[int]:
