@@ -196,6 +196,8 @@ def main():
                     help="with --dense or --dense-grad: comma list of batch sizes (default: the shapes')")
     args = ap.parse_args()
     shapes = {s.name: s for s in GPU_SHAPES}
+    if args.shipped and not args.dense:
+        ap.error("--shipped is not allowed without --dense: it picks the dense forward's shapes")
     if args.dense or args.dense_grad:
         try:
             batches = [int(b) for b in args.batches.split(",") if b] or [None]
