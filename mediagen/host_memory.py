@@ -1,11 +1,12 @@
-"""Freed memory kept by the process for its next allocation (glibc's malloc), for CPU inference and training.
+"""Freed memory kept by the process for its next allocation (glibc's malloc), for sampling on a CPU.
 
 By default glibc returns the free top of its heap to the OS once it exceeds a threshold that follows the largest
 recently freed block (about twice it), and serves blocks over another (up to 32 MiB) from fresh mappings. A
 diffusion step allocates and frees the same few-MiB temporaries (attention scores, FFN activations) in every
 layer, so the next forward faults those pages in again and the kernel zeroes them: on a 2-core CPU the shipped
 class-to-image models' 8-step sampling at batch 4 took 575-615 ms (sdpa) and 720-749 ms (mhla) with the
-defaults, and 474 and 493 ms with both thresholds at ``LIMIT`` (benchmarks/RESULTS.md, shipped image models). The console script
+defaults, and 474 and 493 ms with both thresholds at ``LIMIT`` (benchmarks/RESULTS.md, shipped image models);
+training, whose activations stay alive for the backward, ran at the same speed either way. The console script
 calls ``keep_freed_memory`` once at start; a program of one's own can too.
 """
 
