@@ -116,6 +116,33 @@ def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward
     assert launched == ([1, 0] if dense_backward and max_blocks >= 6 else [0, 1])
 
 
+def test_dense_backward_reads_what_the_forward_kept(device, monkeypatch):
+    """With a backward to come the dense forward keeps each row's 1 / den and what rounding o to bf16 lost; the
+    dense backward's g.o then comes from o + that part in one pass (no walk over the keys). With positive q, k, v
+    and no feature map attention is nearly uniform and dp = (g.v - g.o) / den subtracts nearly equal terms: g.o
+    from the bf16 o alone put dq 6.4e-2 off fp64 here (the CPU interpreter), with the kept part 5.3e-3. Sampling
+    (no grad) keeps nothing."""
+    monkeypatch.setattr(triton_op, "_plans", {})
+    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
+    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    grid, blocks, H, D = (8, 3, 8), (3, 1, 2), 2, 24
+    torch.manual_seed(0)
+    base = [torch.randn(1, math.prod(grid), H, D, dtype=torch.float64).abs() for _ in range(3)]
+    mix = torch.rand(6, 6, dtype=torch.float64) + 0.1
+    refs = [t.clone().requires_grad_() for t in (*base, mix)]
+    r = mhla_reference(*refs, grid, blocks)
+    g = torch.randn_like(r)
+    want = torch.autograd.grad(r, refs, g)
+    ins = [t.detach().to(device, torch.bfloat16).requires_grad_() for t in base] + [mix.float().to(device).requires_grad_()]
+    o = mhla_triton(*ins, grid, blocks, algorithm="dense")
+    got = torch.autograd.grad(o, ins, g.to(device, torch.bfloat16))
+    with torch.no_grad():
+        mhla_triton(*ins, grid, blocks, algorithm="dense")
+    assert [(r["SAVE"], r["LO_PART"]) for r in recorder.launches] == [(True, True), (False, False)]
+    for name, a, b in zip("q k v mix".split(), got, want):
+        assert rel_err(a.cpu(), b) < 1e-2, name
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("algorithm", ["chunked", "dense"])
 def test_half_precision(device, dtype, algorithm):

@@ -15,6 +15,9 @@ denominator column, as 64 + 16 instead of one 128-wide tile): the scores add the
 products, and v and the output are two tiles, 80 columns instead of 128; with its own launch settings
 (``dense_split``) the kernel takes 15.8 us at DiT-XL/2 256 px on the H200 (benchmarks/RESULTS.md, kernel
 launch settings).
+SAVE (normalised, ahead of the dense backward, triton_dense_grad.py): each row's 1 / den_t goes to INV (B*H, N,
+fp32) and, with LO_PART (half-precision o), what rounding o to its dtype lost, o_fp32 - o, to LO (bf16, o's
+layout): o + lo carries o to about 2^-16 relative, which g.o in the backward needs.
 """
 
 import triton
@@ -51,14 +54,15 @@ def _feature_tile(base, rows, rmask, stride_n, cols, stride_d, D: tl.constexpr, 
 
 
 @triton.jit
-def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
+def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          sct, scj, sst, ssj,
                          N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
                          BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                          BM: tl.constexpr, ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
                          NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
-                         IEEE: tl.constexpr, ROPE: tl.constexpr, AL: tl.constexpr):
+                         IEEE: tl.constexpr, ROPE: tl.constexpr, AL: tl.constexpr,
+                         SAVE: tl.constexpr = False, LO_PART: tl.constexpr = False):
     # row strides arrive divided by AL (triton_chunked.py's module doc says why)
     sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
     svb, svn, svh, sob, son, soh = svb * AL, svn * AL, svh * AL, sob * AL, son * AL, soh * AL
@@ -155,12 +159,22 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN,
             den = tl.sum(tl.where((d2 == D)[None, :], acc2, 0.0), axis=1)
         else:
             den = tl.sum(tl.where((d == D)[None, :], acc, 0.0), axis=1)
-    obase = O + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son
+    ooff = b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son
     if NORMALIZE:
         inv = 1.0 / (den + eps)
     else:
         inv = tl.full((BT,), scale, tl.float32)
-    tl.store(obase + d[None, :] * sod, (acc * inv[:, None]).to(O.dtype.element_ty), mask=qmask)
+    o = acc * inv[:, None]
+    hi = o.to(O.dtype.element_ty)
+    tl.store(O + ooff + d[None, :] * sod, hi, mask=qmask)
+    if SAVE:
+        tl.store(INV + bh.to(tl.int64) * N + rows, inv, mask=rmask)
+        if LO_PART:
+            tl.store(LO + ooff + d[None, :] * sod, (o - hi.to(tl.float32)).to(LO.dtype.element_ty), mask=qmask)
     if BD2 > 0:
-        tl.store(obase + d2[None, :] * sod, (acc2 * inv[:, None]).to(O.dtype.element_ty),
-                 mask=rmask[:, None] & (d2 < D)[None, :])
+        omask2 = rmask[:, None] & (d2 < D)[None, :]
+        o2 = acc2 * inv[:, None]
+        hi2 = o2.to(O.dtype.element_ty)
+        tl.store(O + ooff + d2[None, :] * sod, hi2, mask=omask2)
+        if SAVE and LO_PART:
+            tl.store(LO + ooff + d2[None, :] * sod, (o2 - hi2.to(tl.float32)).to(LO.dtype.element_ty), mask=omask2)

@@ -8,15 +8,14 @@ of o_t gives
     dv_s = sum_t p_ts g_t / den_t             dMc[i, j] = sum over t in block i, s in block j of dp_ts s_ts
 and dq = dphi(q) phi'(q), dk = dphi(k) phi'(k). No RoPE (the chunked backward serves it).
 
-dense_query_grad_kernel, program (batch x head, tile of BT queries): a first walk over the keys makes den_t
-and g_t.o_t = sum_s p_ts (g_t.v_s) / den_t from fp32 products, a second makes dp per pair and from it dq and
-the tile's dMc part (dp s summed per key block as a product with the keys' one-hot block indicators, then per
-query block). g.o is made here rather than read from the forward's o: dp subtracts two nearly equal terms
-where attention is nearly uniform over positive values, and a bf16 o's rounding (2^-8 relative) would come
-back magnified in dq and dMc (the chunked query_grad makes o again in fp32 for the same reason). Each row's
-1 / den_t and g_t.o_t go to memory for:
-dense_key_grad_kernel, program (batch x head, tile of BT keys): one walk over the queries makes dk and dv.
-Both subtract in fp32 per pair and round only dp w (a difference already taken) for the products.
+dense_query_grad_kernel, program (batch x head, tile of BT queries): one walk over the keys makes dp per pair
+and from it dq and the tile's dMc part (dp s summed per key block as a product with the keys' one-hot block
+indicators, then per query block). 1 / den_t comes from the forward (INV), and g_t.o_t from the forward's o
+plus what its rounding lost (LO, for half-precision o; triton_dense.py's SAVE): dp subtracts two nearly equal
+terms where attention is nearly uniform over positive values, and a bf16 o's rounding (2^-8 relative) comes
+back magnified: in an fp64 emulation of positive q, k, v, dq was 2e-2 to 5e-2 off with g.o from the bf16 o and
+2e-3 with o + lo, the same as with an exact o (before, a first walk over the keys made g.o again from fp32
+products: two more token-pair products per pair). Each row's g_t.o_t goes to memory (GO) for:
 Head dims split as in the dense forward (triton_dense.py: BD + BD2 columns, DiT's 72 as 64 + 16); the
 strides arrive divided by AL (triton_chunked.py's module doc). The dMc parts are summed outside.
 """
@@ -84,14 +83,26 @@ def _block_sums(r, onehot):
 
 
 @triton.jit
-def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
+def _row_dot(gt, obase, lobase, rows, rmask, son, cols, sod, D: tl.constexpr, LO_PART: tl.constexpr):
+    """sum over the columns ``cols`` of g_t * o_t per row, fp32, with o's rounding added back (LO_PART)."""
+    m = rmask[:, None] & (cols < D)[None, :]
+    off = rows[:, None].to(tl.int64) * son + cols[None, :] * sod
+    o = tl.load(obase + off, mask=m, other=0.0).to(tl.float32)
+    if LO_PART:
+        o += tl.load(lobase + off, mask=m, other=0.0).to(tl.float32)
+    return tl.sum(gt.to(tl.float32) * o, axis=1)
+
+
+@triton.jit
+def dense_query_grad_kernel(Q, K, V, G, O, LO, MIX, BLK, INV, DQ, GO, DMIX,
                             sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                             sob, son, soh, sod,
-                            N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
+                            N, H, D: tl.constexpr, M, mix_head_stride, scale,
                             BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                             BM: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
-                            DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr):
-    # row strides arrive divided by AL; DQ has the strides so* (contiguous, as the op allocates it)
+                            DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr,
+                            LO_PART: tl.constexpr = False):
+    # row strides arrive divided by AL; O, LO and DQ have the strides so* (contiguous, as the op allocates them)
     sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
     svb, svn, svh, sgb, sgn, sgh = svb * AL, svn * AL, svh * AL, sgb * AL, sgn * AL, sgh * AL
     sob, son, soh = sob * AL, son * AL, soh * AL
@@ -106,6 +117,7 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
     gbase = G + b.to(tl.int64) * sgb + h * sgh
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
+    ooff = b.to(tl.int64) * sob + h * soh
     qt, qf = _feature_tile(qbase, rows, rmask, sqn, d, sqd, D, FEATURE)
     qf = _operand(qf, qt, DOT_F32)
     gt = _tile(gbase, rows, rmask, sgn, d, sgd, D, DOT_F32)
@@ -118,25 +130,13 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
     bq = tl.load(BLK + rows, mask=rmask, other=0)
     mix_rows = tl.load(MIX + h * mix_head_stride + bq[:, None] * M + m[None, :],
                        mask=rmask[:, None] & (m < M)[None, :], other=0.0)
-    if NORMALIZE:  # first walk: den_t and g_t.o_t
-        den = tl.zeros((BT,), dtype=tl.float32)
-        pgv = tl.zeros((BT,), dtype=tl.float32)
-        for s0 in range(0, N, BS):
-            cols = s0 + tl.arange(0, BS)
-            cmask = cols < N
-            kt, kf, vt, s, gv = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, D, qf, gt, FEATURE,
-                                               DOT_F32, IEEE)
-            if BD2 > 0:
-                kt2, kf2, vt2, s2, gv2 = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d2, D, qf2, gt2,
-                                                        FEATURE, DOT_F32, IEEE)
-                s += s2
-                gv += gv2
-            onehot = _onehot(tl.load(BLK + cols, mask=cmask, other=0), cmask, m)
-            p = s * _weights(mix_rows, onehot, IEEE)
-            den += tl.sum(p, axis=1)
-            pgv += tl.sum(p * gv, axis=1)
-        inv = tl.where(rmask, 1.0 / (den + eps), 0.0)  # (0 on padding rows: nothing there may reach dMc)
-        go = pgv * inv
+    if NORMALIZE:
+        row = bh.to(tl.int64) * N + rows
+        inv = tl.load(INV + row, mask=rmask, other=0.0)  # (0 on padding rows: nothing there may reach dMc)
+        go = _row_dot(gt, O + ooff, LO + ooff, rows, rmask, son, d, sod, D, LO_PART)
+        if BD2 > 0:
+            go += _row_dot(gt2, O + ooff, LO + ooff, rows, rmask, son, d2, sod, D, LO_PART)
+        tl.store(GO + row, go, mask=rmask)
     else:
         inv = tl.where(rmask, scale, 0.0)
         go = tl.zeros((BT,), dtype=tl.float32)
@@ -162,16 +162,12 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
         if BD2 > 0:
             acc2 += _weighted_values(a, kf2, DOT_F32, IEEE)
         part += _block_sums(dp * s, onehot)
-    obase = DQ + b.to(tl.int64) * sob + h * soh + rows[:, None].to(tl.int64) * son
+    obase = DQ + ooff + rows[:, None].to(tl.int64) * son
     dq = acc * feature_grad(qt.to(tl.float32), FEATURE)
     tl.store(obase + d[None, :] * sod, dq.to(DQ.dtype.element_ty), mask=rmask[:, None] & (d < D)[None, :])
     if BD2 > 0:
         dq2 = acc2 * feature_grad(qt2.to(tl.float32), FEATURE)
         tl.store(obase + d2[None, :] * sod, dq2.to(DQ.dtype.element_ty), mask=rmask[:, None] & (d2 < D)[None, :])
-    if NORMALIZE:
-        row = ROW + bh.to(tl.int64) * 2 * N + rows
-        tl.store(row, inv, mask=rmask)
-        tl.store(row + N, go, mask=rmask)
     # this tile's dMc part: the key-block sums of its rows added per query block (onehot^T @ part)
     blocks = tl.dot(tl.trans(_onehot(bq, rmask, m)), part, input_precision="ieee")
     out = DMIX + (bh.to(tl.int64) * tl.num_programs(1) + tile) * M * M
@@ -179,7 +175,7 @@ def dense_query_grad_kernel(Q, K, V, G, MIX, BLK, DQ, ROW, DMIX,
 
 
 @triton.jit
-def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, ROW, DK, DV,
+def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, INV, GO, DK, DV,
                           sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                           sob, son, soh, sod,
                           N, H, D: tl.constexpr, M, mix_head_stride, scale,
@@ -218,7 +214,7 @@ def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, ROW, DK, DV,
     if BD2 > 0:
         dk2 = tl.zeros((BT, BD2), dtype=tl.float32)
         dv2 = tl.zeros((BT, BD2), dtype=tl.float32)
-    row = ROW + bh.to(tl.int64) * 2 * N
+    row = bh.to(tl.int64) * N
     for t0 in range(0, N, BS):
         rows = t0 + tl.arange(0, BS)
         rmask = rows < N
@@ -232,8 +228,8 @@ def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, ROW, DK, DV,
             vg += vg2
         w = _weights(mix_cols, _onehot(tl.load(BLK + rows, mask=rmask, other=0), rmask, m), IEEE)
         if NORMALIZE:
-            inv = tl.load(row + rows, mask=rmask, other=0.0)
-            go = tl.load(row + N + rows, mask=rmask, other=0.0)
+            inv = tl.load(INV + row + rows, mask=rmask, other=0.0)
+            go = tl.load(GO + row + rows, mask=rmask, other=0.0)
             dp = (vg - go[None, :]) * inv[None, :]
             pv = s * w * inv[None, :]
         else:

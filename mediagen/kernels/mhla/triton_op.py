@@ -179,7 +179,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     third dot (the un-rotated scores) and both read the angle tables. ``for_backward``: a backward follows, so
     without rope the forward and backward are costed together: the chunked pair moves its summaries about 11
     times (S, S~, dS~, dS written and read; 9 launches), the dense pair does the forward's two token-pair
-    products and the backward's nine (three launches) at ~115 TFLOP/s over key tiles of 64 (calibrated on the
+    products and the backward's seven (three launches) at ~115 TFLOP/s over key tiles of 64 (calibrated on the
     H200, bf16: DiT-XL/2 256 px B = 8 and 64, the image models' 196 tokens at B = 256; benchmarks/RESULTS.md).
     With rope (or over ``DENSE_BACKWARD_MAX_BLOCKS`` blocks) the dense forward's backward is the chunked one, so only
     the forwards are compared."""
@@ -191,7 +191,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     if for_backward and not rope and M <= DENSE_BACKWARD_MAX_BLOCKS:
         padded = _cdiv(N, 64) * 64
         chunked = (2 * io + 11 * summaries) / 3e12 + 9 * launch_s
-        dense = 2 * io / 3e12 + 22 * B * H * padded * padded * BD / 115e12 + 3 * launch_s
+        dense = 2 * io / 3e12 + 18 * B * H * padded * padded * BD / 115e12 + 3 * launch_s
     else:
         chunked = (io + 4 * summaries) / 3e12 + 3 * launch_s
         dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + launch_s
@@ -384,9 +384,9 @@ def _sms_of(device) -> Optional[int]:
 
 
 def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode,
-                  sms: Optional[int] = None) -> CachedLaunch:
+                  sms: Optional[int] = None, save: bool = False) -> CachedLaunch:
     """``strides``: those of q, k, v. ``sms``: the GPU's SM count, for ``fill_rows`` (with the dense settings'
-    ``fill``)."""
+    ``fill``). ``save``: the launch keeps what the dense backward reads (``_run_dense``)."""
     B, N, H, D = shape
     rope = tstrides is not None
     tiles = _dense_tiles(settings, D, dtype, rope, normalize)
@@ -401,8 +401,8 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
         (B * H, _cdiv(N, tiles["BT"])),
         (*rows, *(tstrides or (0, 0, 0, 0)), N, H, D, M, M * M if per_head else 0, eps, scale),
         dict(**tiles, BM=max(16, _next_pow2(M)), ONEHOT=settings["dense"].onehot and M <= 128, FEATURE=fcode,
-             NORMALIZE=normalize, DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, num_warps=warps,
-             num_stages=stages))
+             NORMALIZE=normalize, DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, SAVE=save,
+             LO_PART=save and not ieee, num_warps=warps, num_stages=stages))
 
 
 def dense_grad_tiles(settings, D: int, dtype) -> dict:
@@ -416,8 +416,15 @@ def dense_grad_tiles(settings, D: int, dtype) -> dict:
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=c.warps, stages=c.stages)
 
 
+def _dense_backward(keep: bool, rope: bool, M: int) -> bool:
+    """Whether a dense forward's backward is the dense one (else the chunked kernels, the summaries made again):
+    with a backward to come, without RoPE, up to ``DENSE_BACKWARD_MAX_BLOCKS`` blocks, ``DENSE_BACKWARD`` on. Its
+    forward then keeps what it reads (``_run_dense``, when normalised)."""
+    return keep and DENSE_BACKWARD and not rope and M <= DENSE_BACKWARD_MAX_BLOCKS
+
+
 class _DenseGradLaunch(NamedTuple):
-    query: CachedLaunch  # dq, each row's 1 / den and g.o, and the dMc parts
+    query: CachedLaunch  # dq, each row's g.o, and the dMc parts
     key: CachedLaunch  # dk and dv
     parts: tuple  # the dMc parts' shape (B, H, query tiles, M, M)
 
@@ -436,7 +443,8 @@ def _dense_grad_launch(settings, shape, dtype, strides, M, per_head, normalize, 
                   DOT_F32=ieee or _interpreting(), IEEE=ieee, AL=al, num_warps=warps, num_stages=stages)
     head = M * M if per_head else 0
     return _DenseGradLaunch(
-        CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, eps, scale), consts),
+        CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, scale),
+                     dict(consts, LO_PART=normalize and not ieee)),
         CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, scale), consts),
         (B, H, _cdiv(N, BT), M, M))
 
@@ -520,19 +528,30 @@ def _run_apply(launch, q, mixed, order, offsets, cos, sin, out_dtype=None):
 
 
 def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
+    """o, or with the launch's SAVE (o, inv, lo): each row's 1 / den (B*H, N) fp32 and o's rounding in bf16
+    (None for fp32 o), for the dense backward."""
     o = _empty(q.shape, q.device, q.dtype)
-    launch(dense_forward_kernel, q, k, v, mixf, blk, o, q if cos is None else cos, q if sin is None else sin)
-    return o
+    tables = (q if cos is None else cos, q if sin is None else sin)
+    if not launch.consts["SAVE"]:
+        launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, q, q)
+        return o
+    B, N, H, D = q.shape
+    inv = _empty((B * H, N), q.device, torch.float32)
+    lo = _empty(q.shape, q.device, torch.bfloat16) if launch.consts["LO_PART"] else None
+    launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, inv, q if lo is None else lo)
+    return o, inv, lo
 
 
-def _run_dense_grad(launch: _DenseGradLaunch, q, k, v, g, mixf, blk, per_head):
-    """dq, dk, dv in q's dtype and dMc in fp32: (H, M, M) with ``per_head``, else (M, M)."""
+def _run_dense_grad(launch: _DenseGradLaunch, q, k, v, g, o, inv, lo, mixf, blk, per_head):
+    """dq, dk, dv in q's dtype and dMc in fp32: (H, M, M) with ``per_head``, else (M, M). ``o``, ``inv`` and
+    ``lo``: the dense forward's (``_run_dense``; inv and lo None when not normalised, lo None for fp32)."""
     B, N, H, D = q.shape
     dq, dk, dv = (_empty(q.shape, q.device, q.dtype) for _ in range(3))
-    row = _empty((B * H, 2, N), q.device, torch.float32)  # 1 / den and g.o per query
+    go = q if inv is None else _empty((B * H, N), q.device, torch.float32)  # g.o per query
+    inv = q if inv is None else inv
     parts = _empty(launch.parts, q.device, torch.float32)
-    launch.query(dense_query_grad_kernel, q, k, v, g, mixf, blk, dq, row, parts)
-    launch.key(dense_key_grad_kernel, q, k, v, g, mixf, blk, row, dk, dv)
+    launch.query(dense_query_grad_kernel, q, k, v, g, o, o if lo is None else lo, mixf, blk, inv, dq, go, parts)
+    launch.key(dense_key_grad_kernel, q, k, v, g, mixf, blk, inv, go, dk, dv)
     return dq, dk, dv, parts.sum((0, 2)) if per_head else parts.sum((0, 1, 2))
 
 
@@ -732,10 +751,12 @@ class _Plan:
         # the mix kernels read the held rows of Mc (a view with Mc's strides): all of it without an exchange
         self.rows_shape = mix.shape if exchange is None else (*mix.shape[:-2], M, self.M_all)
         self.backward_plans: dict = {}
+        self.dense_backward = algorithm == "dense" and exchange is None and _dense_backward(keep, cos is not None, M)
         if algorithm == "dense":
             self.blk = _token_blocks_int32(grid, blocks, device)
             self.dense = _dense_launch(settings, shape, dtype, (q.stride(), k.stride(), v.stride()), tstrides, M,
-                                       self.per_head, normalize, eps, scale, fcode, _sms_of(device))
+                                       self.per_head, normalize, eps, scale, fcode, _sms_of(device),
+                                       self.dense_backward and normalize)
         else:
             self._summary_and_mix(shape, dtype, device)
             self.apply = _apply_launch(settings, shape, dtype, q.stride(), tstrides, M, self.J, normalize, eps,
@@ -755,12 +776,14 @@ class _Plan:
         return m if self.rows is None else m[..., self.rows, :]
 
     def forward(self, q, k, v, mix, cos, sin, exchange=None):
-        """(o, sz, mixed); sz and mixed are None after the dense algorithm, which keeps no summaries.
+        """(o, sz, mixed); after the dense algorithm, which keeps no summaries, (o, inv, lo) ahead of the dense
+        backward (``_run_dense``), else (o, None, None).
         ``exchange``: the ``BlockExchange`` this plan was made with, or None; sz is then all blocks'
         summaries, gathered (exchange.py: the steps)."""
         m = self.mix_operand(mix)
         if self.algorithm == "dense":
-            return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin), None, None
+            out = _run_dense(self.dense, q, k, v, m, self.blk, cos, sin)
+            return out if isinstance(out, tuple) else (out, None, None)
         sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin, self.sz_dtype)
         if exchange is not None:
             sz = exchange.gather_summaries(sz)
@@ -769,24 +792,26 @@ class _Plan:
         return o, sz, mixed
 
     def backward(self, g, q, k, v, mix, o, sz, mixed, cos, sin, exchange=None):
-        """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``). ``exchange``: as
-        in ``forward``; dMc is then this process's share (its rows), which the processes' shares sum to."""
+        """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``); after the dense
+        forward sz and mixed are its inv and lo (``forward``). ``exchange``: as in ``forward``; dMc is then this
+        process's share (its rows), which the processes' shares sum to."""
         g_stride = g.stride()
-        dense = (DENSE_BACKWARD and self.algorithm == "dense" and cos is None and exchange is None
-                 and self.M <= DENSE_BACKWARD_MAX_BLOCKS)
+        # (a forward that kept no inv, under other switches than now, is followed by the chunked backward)
+        dense = self.dense_backward and (sz is not None or not self.args[3])
         bp = self.backward_plans.get((g_stride, dense))
         if bp is None:
             if len(self.backward_plans) >= 16:
                 self.backward_plans.clear()
             bp = self.backward_plans[g_stride, dense] = _BackwardPlan(self, g_stride, q.device, dense)
         if dense:
-            dq, dk, dv, dmix = _run_dense_grad(bp.dense, q, k, v, g, self.mix_operand(mix), self.blk, self.per_head)
+            dq, dk, dv, dmix = _run_dense_grad(bp.dense, q, k, v, g, o, sz, mixed, self.mix_operand(mix), self.blk,
+                                               self.per_head)
             return dq, dk, dv, dmix if dmix.dtype == mix.dtype else dmix.to(mix.dtype)
         B, N, H, D = q.shape
         M, J, X = self.M, self.J, D * D + D
         order, offsets = self.order, self.offsets
         m = self.mix_operand(mix)
-        if sz is None:  # the dense forward kept no summaries
+        if self.algorithm == "dense":  # the dense forward kept no summaries
             sz = _run_summary(bp.summary, k, v, order, offsets, cos, sin, torch.float32)
             mixed = _run_mix(*bp.mix, m, sz, sz.dtype)
         dq, dsz_part = _run_query_grad(bp.query_grad, q, g, o, mixed, order, offsets, cos, sin, M, J)
@@ -864,7 +889,8 @@ def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algori
     key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
            mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
            _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None, keep,
-           None if exchange is None else (exchange.rows.start, exchange.rows.stop))
+           None if exchange is None else (exchange.rows.start, exchange.rows.stop), DENSE_BACKWARD,
+           DENSE_BACKWARD_MAX_BLOCKS)
     plan = _plans.get(key)
     if plan is None:
         plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,
@@ -878,24 +904,27 @@ def _needs_grad(q, k, v, mix) -> bool:
 
 def forward_impl(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
                  cos=None, sin=None, keep=True):
-    """Returns (o, sz, mixed): the per-block (per-split) summaries and the mixed ones S~, z~, kept for the
-    backward; both empty after the dense algorithm, which keeps nothing. ``keep``: a backward will use them
-    (their dtype, ``summary_dtype``)."""
+    """Returns (o, sz, mixed): the per-block (per-split) summaries (B, H, M * J, D * D + D) and the mixed ones
+    S~, z~, kept for the backward. After the dense algorithm, which keeps no summaries: each row's 1 / den
+    (B * H, N) and o's rounding (bf16, o's shape) ahead of the dense backward, empty where it keeps none
+    (``_Plan.forward``). ``keep``: a backward will use them (their dtype, ``summary_dtype``)."""
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, eps, feature_map, scale, algorithm, splits,
                  cos, sin, keep)
     o, sz, mixed = plan.forward(q, k, v, mix, cos, sin)
-    if sz is None:
-        return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
-    return o, sz, mixed
+    return (o, q.new_empty((0,), dtype=torch.float32) if sz is None else sz,  # (two tensors: outputs may not alias)
+            q.new_empty((0,), dtype=torch.float32) if mixed is None else mixed)
 
 
 def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, feature_map, scale, splits,
                   cos=None, sin=None):
-    """The gradients of q, k, v and mix (``_Plan.backward``); empty ``sz`` after the dense forward."""
-    dense = sz.numel() == 0
+    """The gradients of q, k, v and mix (``_Plan.backward``); ``sz`` has fewer than four dims after the dense
+    forward (``forward_impl``)."""
+    dense = sz.dim() < 4
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, eps, feature_map, scale,
                  "dense" if dense else "chunked", splits, cos, sin, True)
-    return plan.backward(g, q, k, v, mix, o, None if dense else sz, None if dense else mixed, cos, sin)
+    if dense:
+        sz, mixed = (None if t.numel() == 0 else t for t in (sz, mixed))
+    return plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin)
 
 
 # ---- eager path ---------------------------------------------------------------------------------
@@ -931,9 +960,14 @@ def _(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm,
       keep=True):
     B, N, H, D = q.shape
     o = q.new_empty((B, N, H, D))
+    M = math.prod(blocks)
     if algorithm == "dense":
-        return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
-    M, X, dtype = math.prod(blocks), D * D + D, summary_dtype(q.dtype, keep)
+        if not (normalize and _dense_backward(keep, cos is not None, M)):
+            return o, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+        lo = q.new_empty((B, N, H, D) if q.dtype != torch.float32 else (0,),
+                         dtype=torch.bfloat16 if q.dtype != torch.float32 else torch.float32)
+        return o, q.new_empty((B * H, N), dtype=torch.float32), lo
+    X, dtype = D * D + D, summary_dtype(q.dtype, keep)
     return o, q.new_empty((B, H, M * splits, X), dtype=dtype), q.new_empty((B, H, M, X), dtype=dtype)
 
 
@@ -997,7 +1031,7 @@ def mhla_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Ten
                            FEATURE_CODES[feature_map], _sms_of(q.device))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     wrap_triton(dense_forward_kernel)[launch.grid](q, k, v, mix, blk, o, q if cos is None else cos,
-                                                    q if sin is None else sin, *launch.scalars, **launch.consts)
+                                                    q if sin is None else sin, q, q, *launch.scalars, **launch.consts)
     return o
 
 
