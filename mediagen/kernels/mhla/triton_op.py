@@ -179,7 +179,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     third dot (the un-rotated scores) and both read the angle tables. ``for_backward``: a backward follows, so
     without rope the forward and backward are costed together: the chunked pair moves its summaries about 11
     times (S, S~, dS~, dS written and read; 9 launches), the dense pair does the forward's two token-pair
-    products and the backward's seven (three launches) at ~115 TFLOP/s over key tiles of 64 (calibrated on the
+    products and the backward's seven (three launches) at ~140 TFLOP/s over key tiles of 64 (calibrated on the
     H200, bf16: DiT-XL/2 256 px B = 8 and 64, the image models' 196 tokens at B = 256; benchmarks/RESULTS.md).
     With rope (or over ``DENSE_BACKWARD_MAX_BLOCKS`` blocks) the dense forward's backward is the chunked one, so only
     the forwards are compared."""
@@ -191,7 +191,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     if for_backward and not rope and M <= DENSE_BACKWARD_MAX_BLOCKS:
         padded = _cdiv(N, 64) * 64
         chunked = (2 * io + 11 * summaries) / 3e12 + 9 * launch_s
-        dense = 2 * io / 3e12 + 18 * B * H * padded * padded * BD / 115e12 + 3 * launch_s
+        dense = 2 * io / 3e12 + 18 * B * H * padded * padded * BD / 140e12 + 3 * launch_s
     else:
         chunked = (io + 4 * summaries) / 3e12 + 3 * launch_s
         dense = io / 3e12 + (6 if rope else 4) * B * H * N * N * BD / 150e12 + launch_s
