@@ -8,7 +8,8 @@ Two entry points share one implementation (``forward_impl`` / ``backward_impl``)
 Two forward algorithms (``algorithm``): "chunked" (per-block summaries in memory, mixed by a matmul;
 long sequences) and "dense" (summaries recomputed on chip; short sequences); "auto" picks by a cost
 model. The backward of a chunked forward runs the chunked kernels on the summaries it kept; after the dense
-forward (no RoPE, one process) the dense backward's two kernels make every gradient the same way, dMc included
+forward (no RoPE, one process) the dense backward's two kernels make every gradient the same way, dMc included,
+from each query's 1 / den and o's bf16 rounding, which that forward keeps when a backward is to come
 (triton_dense_grad.py; with RoPE the chunked backward makes the summaries again).
 ``cos``/``sin`` (N, D/2) angle tables turn on RoPE on the numerator's features (rotation.py).
 
