@@ -18,7 +18,6 @@ the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
 import argparse
 import itertools
 import math
-import os
 
 import torch
 import triton.testing
@@ -257,7 +256,6 @@ def main():
     print("wan mix fwd", timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)))
     print("wan mix grad", timed(lambda: T.launch_mix_grad(x["mixed"], x["sz"], False, False)))
     for J in (1, 2, 4, 8):
-        os.environ["MEDIAGEN_MHLA_SPLITS"] = str(J)
         f = lambda: T.mhla_triton(x["q"], x["k"], x["v"], x["mix"], wan.grid, wan.blocks, feature_map="relu",
                                   algorithm="chunked", splits=J)
         print(f"wan full forward J={J}: {timed(f)} ms", flush=True)

@@ -150,13 +150,18 @@ def _apply_program_shape(D: int) -> tuple[int, int]:
     return BD // TILE, BT
 
 
+# MEDIAGEN_MHLA_SPLITS=J forces J token splits per block where a call leaves ``splits`` to the op; read once, at
+# import (the op's plans are keyed without it: an environment lookup cost 0.6 us a call on the host)
+FORCED_SPLITS = max(1, int(os.environ["MEDIAGEN_MHLA_SPLITS"])) if os.environ.get("MEDIAGEN_MHLA_SPLITS") else None
+
+
 def choose_splits(B, H, M, largest_block, D, device) -> int:
     """Token splits per block, only when the chunked kernels would launch fewer programs than
     there are SMs (few heads and blocks, e.g. global linear attention): on the H200 the sweep
-    measured splits as slower whenever B*H*M alone fills the GPU (more summaries to write and mix)."""
-    forced = os.environ.get("MEDIAGEN_MHLA_SPLITS")
-    if forced:
-        return max(1, int(forced))
+    measured splits as slower whenever B*H*M alone fills the GPU (more summaries to write and mix).
+    ``FORCED_SPLITS``, when set, instead."""
+    if FORCED_SPLITS is not None:
+        return FORCED_SPLITS
     if device.type != "cuda":
         return 1
     columns, BT = _apply_program_shape(D)
@@ -889,9 +894,8 @@ def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algori
     settings = current_settings()
     key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
            mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-           _table_strides(cos, sin), os.environ.get("MEDIAGEN_MHLA_SPLITS") if splits is None else None, keep,
-           None if exchange is None else (exchange.rows.start, exchange.rows.stop), DENSE_BACKWARD,
-           DENSE_BACKWARD_MAX_BLOCKS)
+           _table_strides(cos, sin), keep, None if exchange is None else (exchange.rows.start, exchange.rows.stop),
+           DENSE_BACKWARD, DENSE_BACKWARD_MAX_BLOCKS)
     plan = _plans.get(key)
     if plan is None:
         plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,
