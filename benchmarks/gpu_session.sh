@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed|train|shipped OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|hla|mix|speed|train|dense_grad|shipped OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -56,11 +56,17 @@ speed)  # the eager-speed targets: op host time, bf16 gradients against fp64, te
 train)  # the training path: the dense backward's GPU tests, the op's forward + backward by algorithm beside SDPA,
         # its host time, and the DiT-XL/2 256 px training step eager and compiled (about 9 minutes)
   run train_tests 150 python3 -m pytest -q tests/test_mhla_triton.py \
-    -k "half_precision or (sweep and dtype2) or either_backward or later_calls or custom_op"
+    -k "half_precision or (sweep and dtype2) or either_backward or later_calls or custom_op or reads_what"
   run mhla_backward 120 python3 -m benchmarks.mhla_backward
   run host_overhead 60 python3 -m benchmarks.mhla_host_overhead --calls 50 --repeats 7
   run dit_train 180 python3 -m benchmarks.dit_images --train --presets dit-xl-2-256 --batch 64 --modes eager,compile \
     --variants sdpa,mhla
+  ;;
+dense_grad)  # the dense backward's launch settings at DiT-XL/2 256 px (B = 8 and 64), then the op's forward +
+            # backward there beside SDPA and its bf16 gradients against fp64
+  run dense_grad_sweep 360 python3 -m benchmarks.sweep_mhla --dense-grad --batches 8,64
+  run mhla_backward 60 python3 -m benchmarks.mhla_backward "DiT-XL/2 256px"
+  run accuracy 60 python3 -c "from benchmarks.mhla_backward import accuracy; accuracy()"
   ;;
 shipped)  # the shipped MNIST models on the GPU: the dense forward's and the CPE's GPU tests, the CPE kernel's
           # tiles, the dense forward's tiles at their shapes, image sampling under CUDA graphs (about 8 minutes)
