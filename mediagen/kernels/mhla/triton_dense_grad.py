@@ -14,8 +14,11 @@ indicators, then per query block). 1 / den_t comes from the forward (INV), and g
 plus what its rounding lost (LO, for half-precision o; triton_dense.py's SAVE): dp subtracts two nearly equal
 terms where attention is nearly uniform over positive values, and a bf16 o's rounding (2^-8 relative) comes
 back magnified: in an fp64 emulation of positive q, k, v, dq was 2e-2 to 5e-2 off with g.o from the bf16 o and
-2e-3 with o + lo, the same as with an exact o (before, a first walk over the keys made g.o again from fp32
-products: two more token-pair products per pair). Each row's g_t.o_t goes to memory (GO) for:
+2e-3 with o + lo, the same as with an exact o (making g.o again from fp32 products would take a walk over the
+keys, two more token-pair products per pair). The dMc block sums multiply in tf32 (_block_sums). Each row's
+g_t.o_t goes to memory (GO) for:
+dense_key_grad_kernel, program (batch x head, tile of BT keys): one walk over the queries makes dk and dv.
+Both subtract in fp32 per pair and round only dp w (a difference already taken) for the products.
 Head dims split as in the dense forward (triton_dense.py: BD + BD2 columns, DiT's 72 as 64 + 16); the
 strides arrive divided by AL (triton_chunked.py's module doc). The dMc parts are summed outside.
 """
