@@ -62,9 +62,11 @@ def test_the_second_launch_calls_the_compiled_kernel_with_every_parameter_in_ord
     assert dispatch[0] == "dispatch" and dispatch[1] == (3, 2)
     assert dispatch[2][2:] == (5, 0.5)
     assert dispatch[3] == dict(BLOCK=16, FLAG=True, num_warps=4, num_stages=2)
-    # the launcher takes every kernel parameter (constexprs and defaults too), never the launch options
+    # the launcher takes every kernel parameter (constexprs and defaults too), never the launch options; the
+    # tensors as their data pointers
     assert direct[0] == "direct" and direct[2] == (3, 2, 1)
-    assert direct[3][0] is x and direct[3][1] is y and direct[3][2:] == (5, 0.5, 16, True, 7)
+    assert direct[3] == (x.data_ptr(), y.data_ptr(), 5, 0.5, 16, True, 7)
+    assert all(type(a) is int for a in direct[3][:2])
     assert again[0] == "direct"
 
 
@@ -89,6 +91,26 @@ def test_a_misaligned_pointer_always_dispatches():
     assert [c[0] for c in kernel.calls] == ["dispatch", "dispatch", "dispatch", "dispatch"]
     launch(kernel, x, y)
     assert kernel.calls[-1][0] == "direct"
+
+
+def test_a_tensor_on_another_device_type_dispatches(monkeypatch):
+    """The key counts the CUDA tensors: where one argument's device type differs from the launch the record was
+    made for, the call goes through the dispatch (which checks it) rather than to the launcher as a bare pointer.
+    (A stand-in for a CUDA tensor here: ``is_cuda`` true, CPU memory.)"""
+
+    class _FakeCuda(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kernel, launch = _Kernel(), _record()
+    x, y = _tensors()
+    cx, cy = x.as_subclass(_FakeCuda), y.as_subclass(_FakeCuda)
+    launch(kernel, cx, cy)
+    launch(kernel, cx, cy)
+    launch(kernel, cx, y)  # one CPU tensor among CUDA ones
+    assert [c[0] for c in kernel.calls] == ["dispatch", "direct", "dispatch"]
 
 
 def test_another_kernel_object_dispatches():
