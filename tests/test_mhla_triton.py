@@ -143,6 +143,24 @@ def test_dense_backward_reads_what_the_forward_kept(device, monkeypatch):
         assert rel_err(a.cpu(), b) < 1e-2, name
 
 
+@pytest.mark.parametrize("algorithm", ["chunked", "dense"])
+def test_what_a_backward_reads_is_freed_by_it(device, algorithm):
+    """The op's intermediates (the chunked forward's summaries, the dense forward's 1 / den) are saved tensors:
+    autograd frees them after the backward although the output, and so the graph, lives on (a training loop keeps
+    last step's loss until the next is made)."""
+    import gc
+    import weakref
+
+    grid, blocks = (6, 8), (2, 2)
+    q, k, v = (t.requires_grad_() for t in make(1, grid, 2, 16, torch.float32, device, "relu"))
+    o = mhla_triton(q, k, v, torch.rand(4, 4, device=device), grid, blocks, feature_map="relu", algorithm=algorithm)
+    kept = weakref.ref(o.grad_fn.saved_tensors[5])  # (q, k, v, mix, o, then the op's first intermediate)
+    assert kept() is not None and kept().numel() > 0
+    o.sum().backward()
+    gc.collect()
+    assert kept() is None and o.grad_fn is not None
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("algorithm", ["chunked", "dense"])
 def test_half_precision(device, dtype, algorithm):

@@ -938,18 +938,16 @@ class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mix, plan, cos, sin, exchange):
         o, sz, mixed = plan.forward(q, k, v, mix, cos, sin, exchange)
-        ctx.save_for_backward(q, k, v, mix, o, cos, sin)
-        # the op's own intermediates (summaries, or what the dense forward keeps) are neither inputs nor outputs:
-        # on ctx itself, which costs the host less than saved tensors' packing and version checks
-        ctx.kept = sz, mixed
+        # (saved tensors, not ctx attributes, for the op's own intermediates too: autograd frees saved tensors after
+        # the backward, while a ctx attribute would keep a step's summaries alive as long as its graph)
+        ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
         # the backward may run on another thread (autograd's GPU workers): the plan holds the forward's settings
         ctx.plan, ctx.exchange = plan, exchange
         return o
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, mix, o, cos, sin = ctx.saved_tensors
-        sz, mixed = ctx.kept
+        q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
         return (*ctx.plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin, ctx.exchange), None, None, None, None)
 
 
