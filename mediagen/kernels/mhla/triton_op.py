@@ -534,13 +534,13 @@ def _run_apply(launch, q, mixed, order, offsets, cos, sin, out_dtype=None):
 
 
 def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
-    """o, or with the launch's SAVE (o, inv, lo): each row's 1 / den (B*H, N) fp32 and o's rounding in bf16
-    (None for fp32 o), for the dense backward."""
+    """(o, inv, lo); with the launch's SAVE each row's 1 / den (B*H, N) fp32 and o's rounding in bf16 (None for
+    fp32 o), for the dense backward; without it (o, None, None)."""
     o = _empty(q.shape, q.device, q.dtype)
     tables = (q if cos is None else cos, q if sin is None else sin)
     if not launch.consts["SAVE"]:
         launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, q, q)
-        return o
+        return o, None, None
     B, N, H, D = q.shape
     inv = _empty((B * H, N), q.device, torch.float32)
     lo = _empty(q.shape, q.device, torch.bfloat16) if launch.consts["LO_PART"] else None
@@ -689,7 +689,7 @@ def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=N
         settings, q.shape, q.dtype, strides, tstrides, M, mix.dim() == 3, normalize, eps, scale, fcode,
         _sms_of(q.device))))[1]
     return _run_dense(launch, q, k, v, mix.float().contiguous(), _token_blocks_int32(grid, blocks, q.device), cos,
-                      sin)
+                      sin)[0]
 
 
 def launch_query_grad(q, g, o, mixed, order, offsets, M, J, normalize, eps, scale, fcode, cos=None, sin=None):
@@ -788,8 +788,7 @@ class _Plan:
         summaries, gathered (exchange.py: the steps)."""
         m = self.mix_operand(mix)
         if self.algorithm == "dense":
-            out = _run_dense(self.dense, q, k, v, m, self.blk, cos, sin)
-            return out if isinstance(out, tuple) else (out, None, None)
+            return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin)
         sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin, self.sz_dtype)
         if exchange is not None:
             sz = exchange.gather_summaries(sz)
