@@ -11,6 +11,7 @@ the defaults in mediagen/kernels/mhla/settings.py. Each candidate runs inside
     python -m benchmarks.sweep_mhla --dense-grad --batches 8,64   # the dense backward's tiles, DiT 256 px
     python -m benchmarks.sweep_mhla --dense --shipped --batches 2,8,32   # the dense forward at the shipped
                                                    # models' sampling shapes (no gradients), beside SDPA
+    python -m benchmarks.sweep_mhla --dense --shipped --models image --wide --batches 8,32,128   # more tiles
 
 (from the repository root, as a module)
 """
@@ -119,12 +120,22 @@ SHIPPED = [(Shape("image 14x14", 2, (14, 14), 3, 64, (3, 3)), False),
            (Shape("video 16x8x8", 2, (16, 8, 8), 6, 64, (4, 2, 2)), True)]
 
 
-def sweep_dense_shipped(batches=(None,)):
-    """The dense forward without gradients (what sampling runs) at the shipped models' shapes, over query tiles
-    down to 16 rows (at a small batch the default tiles leave most SMs idle), beside cuDNN and flash SDPA."""
+# query rows, keys per step, warps, stages
+SHIPPED_GRID = list(itertools.product((16, 32, 64, 128, 256), (32, 64), (2, 4, 8), (2,)))
+WIDE_GRID = list(itertools.product((32, 64, 128, 256), (16, 32, 64), (4, 8), (2, 3)))
+
+
+def sweep_dense_shipped(batches=(None,), models=None, grid=SHIPPED_GRID):
+    """The dense forward without gradients (what sampling runs) at the shipped models' shapes (``models``: the
+    names to keep, None all), over query tiles down to 16 rows (at a small batch the default tiles leave most
+    SMs idle), beside cuDNN and flash SDPA; then the settings ranked across the batches of each shape by the
+    geometric mean of their time over each batch's best."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    table = {}
     for (s, rope), batch in itertools.product(SHIPPED, batches):
+        if models is not None and s.name.split()[0] not in models:
+            continue
         B, N, H, D = batch or s.batch, s.tokens, s.heads, s.head_dim
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         mix = locality_mix(s.blocks).cuda()
@@ -140,10 +151,11 @@ def sweep_dense_shipped(batches=(None,)):
 
         default = timed(op)
         rows = []
-        for bt, bs, warps, stages in itertools.product((16, 32, 64, 128, 256), (32, 64), (2, 4, 8), (2,)):
+        for bt, bs, warps, stages in grid:
             tiles = dict(BT=bt, BS=bs, warps=warps, stages=stages)
             with launch_settings("dense", **tiles, fill=False), launch_settings("dense_split", **tiles):
                 rows.append((timed(op), bt, bs, warps, stages))
+        table.setdefault(s.name, []).append(({r[1:]: r[0] for r in rows if not isinstance(r[0], str)}, default))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
         ref = {}
@@ -152,8 +164,15 @@ def sweep_dense_shipped(batches=(None,)):
                 ref[name] = timed(lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs))
         print(f"{s.name} B={B} dense forward, no grad (ms, BT, BS, warps, stages): best {ok[:4]}; default "
               f"{kernel_settings('dense')} -> {default}; worst {ok[-1]}; sdpa {ref}", flush=True)
-        for bt in (16, 32, 64, 128, 256):
+        for bt in sorted({g[0] for g in grid}):
             print(f"  best with BT={bt}: {next((r for r in ok if r[1] == bt), None)}", flush=True)
+    for name, runs in table.items():
+        common = set.intersection(*(set(r) for r, _ in runs))
+        score = {t: math.exp(sum(math.log(r[t] / min(r.values())) for r, _ in runs) / len(runs)) for t in common}
+        shipped = math.exp(sum(math.log(d / min(r.values())) for r, d in runs if not isinstance(d, str)) / len(runs))
+        print(f"{name}: ranked across the batches (geometric mean of time / each batch's best; the shipped "
+              f"settings {shipped:.3f}): " + ", ".join(f"{t}: {x:.3f}" for t, x in
+                                                      sorted(score.items(), key=lambda kv: kv[1])[:8]), flush=True)
 
 
 def sweep_dense_grad(shape, batches=(None,)):
@@ -190,6 +209,9 @@ def main():
     ap.add_argument("--dense", action="store_true", help="sweep only the dense kernel, at the DiT shapes")
     ap.add_argument("--shipped", action="store_true",
                     help="with --dense: at the shipped MNIST models' sampling shapes, no gradients")
+    ap.add_argument("--models", default="", help="with --shipped: comma list of the models to keep (image, video)")
+    ap.add_argument("--wide", action="store_true",
+                    help="with --shipped: 16-key steps and 3 stages too (query rows from 32)")
     ap.add_argument("--dense-grad", action="store_true", help="sweep only the dense backward, at DiT-XL/2 256 px")
     ap.add_argument("--batches", default="",
                     help="with --dense or --dense-grad: comma list of batch sizes (default: the shapes')")
@@ -208,7 +230,11 @@ def main():
             sweep_dense_grad(shapes["DiT-XL/2 256px"], batches)
             return
         if args.shipped:
-            sweep_dense_shipped(batches)
+            names = {s.name.split()[0] for s, _ in SHIPPED}
+            models = {m for m in args.models.split(",") if m} or None
+            if models and not models <= names:
+                ap.error(f"--models={args.models!r} is not allowed: use a comma list of {', '.join(sorted(names))}")
+            sweep_dense_shipped(batches, models, WIDE_GRID if args.wide else SHIPPED_GRID)
             return
         sweep_dense([shapes["DiT-XL/2 256px"], shapes["DiT-XL/2 512px"]], batches)
         return

@@ -1102,6 +1102,28 @@ def test_dense_forward_fills_the_gpu(device, monkeypatch):
     assert rel_err(o, r) < 1e-4 and rel_err(kept, r) < 1e-4
 
 
+def test_short_sequences_take_the_short_tiles(device, monkeypatch):
+    """A sequence of at most ``short_tokens`` tokens launches the dense forward with the ``short`` variant's tiles,
+    a longer one with the kernel's own; both match the reference."""
+    monkeypatch.setattr(triton_op, "_plans", {})
+    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
+    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    grid, blocks = (5, 9), (2, 3)
+    q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu")
+    for limit in (45, 44):
+        with torch.no_grad(), launch_settings("dense", BT=64, warps=4, fill=False, short={"BT": 16, "warps": 2},
+                                              short_tokens=limit):
+            o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
+        assert rel_err(o, r) < 1e-4
+    short, long = recorder.launches
+    assert (short["BT"], short["num_warps"], short["grid"]) == (16, 2, (2, 3))
+    assert (long["BT"], long["num_warps"], long["grid"]) == (64, 4, (2, 1))
+    assert triton_op.dense_settings(64, torch.bfloat16, False, True, N=196)["BT"] == \
+        kernel_settings("dense").for_tokens(196).BT
+
+
 def test_plans_are_made_once_per_shapes_and_settings(device, monkeypatch):
     """The op works out its launches once per call pattern: a second call with the same shapes, strides, dtypes,
     options and launch settings reuses the first call's plan; other strides and other launch settings get plans

@@ -82,12 +82,23 @@ class ChunkedSettings:
 
 
 @dataclass(frozen=True)
+class DenseVariant:
+    """Fields that replace the dense forward's tiles in one case; None keeps the kernel's own."""
+
+    BT: Optional[int] = None
+    BS: Optional[int] = None
+    warps: Optional[int] = None
+    stages: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class DenseSettings:
     """The dense forward with its head dim in one tile (triton_dense.py): BT queries and BS keys per step
     (both smaller for wide or fp32 tiles: triton_op.dense_settings), warps, stages. onehot: block weights
     picked by a one-hot product (up to 128 blocks) instead of gathered. fill: fewer query rows per program
     (with the split head dim too) where a launch would leave most SMs idle (triton_op.fill_rows); a sweep of
-    BT sets it False."""
+    BT sets it False. short: replaces fields for sequences of at most short_tokens tokens without RoPE (a few key
+    steps per program, where a 128-row program has too little to pipeline)."""
 
     BT: int
     BS: int
@@ -95,6 +106,12 @@ class DenseSettings:
     stages: int
     onehot: bool = True
     fill: bool = True
+    short: DenseVariant = DenseVariant()
+    short_tokens: int = 0
+
+    def for_tokens(self, N: Optional[int]) -> "DenseSettings":
+        """These settings for a sequence of ``N`` tokens (None: a long one), with ``short`` where it applies."""
+        return _replaced(self, self.short) if N is not None and N <= self.short_tokens else self
 
 
 @dataclass(frozen=True)
@@ -199,7 +216,13 @@ DEFAULTS: Mapping[str, Settings] = MappingProxyType({
                                 one_step=OneStepVariant(warps=8, stages=1),
                                 fp32=ChunkedVariant(BT=16, TILE=32, warps=4, stages=2)),
     # (BT is capped at 64 for fp32 inputs: triton_op.dense_settings)
-    "dense": DenseSettings(BT=128, BS=64, warps=8, stages=2, onehot=True),
+    # short: at the class-to-image models' 196 tokens (D = 64, no gradients, rows filled as shipped) one tile of 256
+    # rows, 3 stages, was the best over batches 2 to 128 (geometric mean of time over each batch's best 1.05; 128
+    # rows, 2 stages 1.17; 64 rows, 4 warps 1.08): B = 128 34.5 against 48.3 us (cuDNN 25.6), B = 32 11.8 against
+    # 15.0 (11.3), B = 2 and 8 6.1 / 7.9 against 6.1 / 7.5 (7.4 / 7.6). 1,024 tokens keep 128 rows (video-mhla,
+    # B = 2: 32.0 us against 38.2 with 64 rows).
+    "dense": DenseSettings(BT=128, BS=64, warps=8, stages=2, onehot=True,
+                           short=DenseVariant(BT=256, BS=64, warps=8, stages=3), short_tokens=256),
     # 256 queries and 64 keys per step: 15.8 us at DiT-XL/2 256 px, the sweep's best with 16-byte aligned
     # rows (32 keys with 3 stages: 16.4 us)
     "dense_split": DenseSplitSettings(BT=256, BS=64, warps=8, stages=2),

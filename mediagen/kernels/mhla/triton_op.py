@@ -395,7 +395,7 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
     ``fill``). ``save``: the launch keeps what the dense backward reads (``_run_dense``)."""
     B, N, H, D = shape
     rope = tstrides is not None
-    tiles = _dense_tiles(settings, D, dtype, rope, normalize)
+    tiles = _dense_tiles(settings, D, dtype, rope, normalize, N)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
     if settings["dense"].fill:
         tiles["BT"], warps = fill_rows(tiles["BT"], warps, B * H, N, sms)
@@ -647,9 +647,10 @@ def dense_head_pieces(D: int, den_col: bool) -> tuple[int, int]:
     return (first, rest) if first + rest < width else (width, 0)
 
 
-def _dense_tiles(settings, D: int, dtype, rope: bool, normalize: bool) -> dict:
+def _dense_tiles(settings, D: int, dtype, rope: bool, normalize: bool, N: Optional[int] = None) -> dict:
     """``dense_settings`` for the settings table ``settings``."""
-    c = settings["dense"]
+    # (the short tiles were measured without RoPE, whose rotated copies double a tile's registers)
+    c = settings["dense"].for_tokens(None if rope else N)
     den_col = normalize and not rope
     fp32 = dtype == torch.float32
     # two head-dim tiles for half-precision inputs only: fp32 tiles in two pieces spill registers
@@ -672,11 +673,11 @@ def _dense_tiles(settings, D: int, dtype, rope: bool, normalize: bool) -> dict:
                 warps=warps, stages=stages)
 
 
-def dense_settings(D: int, dtype, rope: bool, normalize: bool) -> dict:
-    """The dense kernel's tile constants for these inputs: the head-dim tiles BD (+ BD2), queries BT and
-    keys BS per step, DEN_COL (the denominator as a padding column of v, where there is one), and the
-    launch's warps and stages."""
-    return _dense_tiles(current_settings(), D, dtype, rope, normalize)
+def dense_settings(D: int, dtype, rope: bool, normalize: bool, N: Optional[int] = None) -> dict:
+    """The dense kernel's tile constants for these inputs (``N`` tokens; None: a long sequence): the head-dim
+    tiles BD (+ BD2), queries BT and keys BS per step, DEN_COL (the denominator as a padding column of v, where
+    there is one), and the launch's warps and stages."""
+    return _dense_tiles(current_settings(), D, dtype, rope, normalize, N)
 
 
 def launch_dense(q, k, v, mix, grid, blocks, normalize, eps, scale, fcode, cos=None, sin=None):
