@@ -42,7 +42,7 @@ REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # that nothing differentiates stores them in bf16)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
             "SZ": "fp32", "SZM": "fp32", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
-            "INV": "fp32", "LO": "bf16", "GO": "fp32",
+            "INV": "fp32", "LO": "bf16", "GO": "fp32", "CW": "bf16", "CB": "bf16",
             "order": "i32", "offsets": "i32"}
 FLOATS = {"eps", "scale"}
 KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense")

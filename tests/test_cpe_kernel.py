@@ -7,6 +7,7 @@ import torch
 
 import mediagen
 from mediagen.kernels.cpe import cpe_add, cpe_add_reference
+from mediagen.kernels.mhla import triton_op
 from mediagen.models import processors
 from models_fixtures import dit_inputs, tiny_dit
 
@@ -85,12 +86,20 @@ def test_cpe_triton_op_schema(device):
     torch.testing.assert_close(got, cpe_add_reference(o, v, weight, bias, (4, 6)), rtol=1e-5, atol=1e-5)
 
 
-def test_sampling_takes_the_fused_cpe_and_training_the_conv(device, monkeypatch):
-    """A DiT layer with a 3x3 CPE: without gradients (sampling) the processor makes o + CPE(v) in the one launch,
-    with them the conv and autograd; both give the same output."""
+@pytest.mark.parametrize("backend", ["blocked", "triton"])
+def test_sampling_takes_the_fused_cpe_and_training_the_conv(device, monkeypatch, backend):
+    """A DiT layer with a 3x3 CPE: without gradients (sampling) o + CPE(v) is made in one launch, by the MHLA op's
+    dense forward on the Triton path and by the CPE kernel after the op elsewhere; with gradients by the conv
+    and autograd; all give the same output."""
+    monkeypatch.setenv("MEDIAGEN_MHLA_BACKEND", backend)
     monkeypatch.setattr(processors, "fused_cpe_device", lambda t: True)
-    launched = []
+    monkeypatch.setattr(triton_op, "choose_algorithm", lambda *a, **kw: "dense")
+    launched, dense = [], []
     monkeypatch.setattr(processors, "cpe_add", lambda *a: launched.append(1) or cpe_add(*a))
+    run_dense = triton_op._run_dense
+    monkeypatch.setattr(triton_op, "_run_dense",
+                        lambda launch, *a: dense.append(tuple(launch.consts[c] for c in ("CK0", "CK1", "CK2")))
+                        or run_dense(launch, *a))
     model = mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2], cpe_kernel=3).to(device)
     for proc in (blk.attn1.processor for blk in model.transformer_blocks):
         with torch.no_grad():
@@ -98,10 +107,15 @@ def test_sampling_takes_the_fused_cpe_and_training_the_conv(device, monkeypatch)
             proc.cpe.bias.normal_()
     inputs = {k: t.to(device) for k, t in dit_inputs().items()}
     trained = model(**inputs, return_dict=False)[0]
-    assert not launched
+    assert not launched and set(dense) <= {(0, 1, 1)}  # (no taps: no CPE)
+    dense.clear()
     with torch.no_grad():
         sampled = model(**inputs, return_dict=False)[0]
-    assert len(launched) == len(model.transformer_blocks)
+    layers = len(model.transformer_blocks)
+    if backend == "triton":  # the kernel's taps over the grid's three axes
+        assert (launched, dense) == ([], [(1, 3, 3)] * layers)
+    else:
+        assert (len(launched), dense) == (layers, [])
     torch.testing.assert_close(sampled, trained.detach(), rtol=1e-4, atol=1e-4)
 
 

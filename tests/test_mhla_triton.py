@@ -1102,6 +1102,69 @@ def test_dense_forward_fills_the_gpu(device, monkeypatch):
     assert rel_err(o, r) < 1e-4 and rel_err(kept, r) < 1e-4
 
 
+@pytest.mark.parametrize("grid,blocks,taps,D,dtype,algorithm", [
+    ((5, 9), (2, 3), (3, 3), 16, torch.float32, "dense"),
+    ((3, 4, 5), (1, 2, 2), (3, 1, 1), 24, torch.float32, "dense"),
+    ((5, 9), (2, 3), (3, 5), 40, torch.bfloat16, "dense"),  # the head dim in two tiles (32 + 16)
+    ((5, 9), (2, 3), (3, 3), 16, torch.float32, "chunked"),  # (the CPE kernel after the chunked forward)
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_forward_adds_the_cpe(device, grid, blocks, taps, D, dtype, algorithm, bias):
+    """``cpe=`` without gradients: o + bias + the depthwise convolution of v over the grid, against the reference
+    op and the CPE's conv reference in float64."""
+    from mediagen.kernels.cpe import cpe_add_reference
+
+    B, H = 2, 2
+    N, C = math.prod(grid), 2 * D
+    q, k, v = make(B, grid, H, D, dtype, device, "relu")
+    mix = torch.rand(math.prod(blocks), math.prod(blocks), device=device)
+    weight = torch.randn(C, 1, *taps, device=device, dtype=dtype) / 4
+    b = torch.randn(C, device=device, dtype=dtype) if bias else None
+    with torch.no_grad():
+        o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm=algorithm, cpe=(weight, b))
+    r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu")
+    want = cpe_add_reference(r.flatten(2), v.double().flatten(2), weight.double(),
+                             None if b is None else b.double(), grid)
+    assert o.dtype == dtype and rel_err(o.flatten(2), want) < TOL[dtype]
+
+
+def test_a_launch_of_several_waves_adds_the_cpe_apart(device, monkeypatch):
+    """Where the dense forward's programs outnumber the SMs (faked here) the CPE is the CPE kernel's launch after
+    it, with the same result as the taps in the dense kernel."""
+    from mediagen.kernels import cpe as cpe_kernel
+
+    grid, blocks = (5, 9), (2, 3)
+    q, k, v = make(2, grid, 2, 16, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    weight, b = torch.randn(32, 1, 3, 3, device=device), torch.randn(32, device=device)
+    apart = []
+    real = cpe_kernel.cpe_add
+    monkeypatch.setattr(cpe_kernel, "cpe_add", lambda *a: apart.append(1) or real(*a))
+    outs = []
+    for sms in (None, 2):
+        monkeypatch.setattr(triton_op, "_plans", {})
+        monkeypatch.setattr(triton_op, "_sms_of", lambda d: sms)
+        with torch.no_grad():
+            outs.append(mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense",
+                                    cpe=(weight, b)))
+        assert len(apart) == (sms is not None)
+    assert rel_err(outs[1], outs[0].double()) < 1e-5
+
+
+def test_the_forward_refuses_a_cpe_it_cannot_add(device):
+    """``cpe=`` with something to differentiate, or a kernel that does not fit the grid: one-line errors."""
+    grid, blocks = (5, 9), (2, 3)
+    q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
+    mix = torch.rand(6, 6, device=device)
+    weight, b = torch.randn(32, 1, 3, 3, device=device), torch.randn(32, device=device)
+    with pytest.raises(ValueError, match="nothing differentiates"):
+        mhla_triton(q, k, v, mix.requires_grad_(), grid, blocks, feature_map="relu", cpe=(weight, b))
+    with torch.no_grad(), pytest.raises(ValueError, match="one odd size per grid axis"):
+        mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", cpe=(torch.randn(32, 1, 2, 3), b))
+    with pytest.raises(ValueError, match="Triton path only"):
+        mhla(q, k, v, mix, grid, blocks, feature_map="relu", backend="blocked", cpe=(weight, b))
+
+
 def test_short_sequences_take_the_short_tiles(device, monkeypatch):
     """A sequence of at most ``short_tokens`` tokens launches the dense forward with the ``short`` variant's tiles,
     a longer one with the kernel's own; both match the reference."""

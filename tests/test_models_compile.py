@@ -13,7 +13,8 @@ import mediagen.attention.mhla as attention_mhla
 
 
 def opaque_mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None,
-                rope=None):
+                rope=None, cpe=None):
+    assert cpe is None  # traced code adds the CPE after the op
     out = (q.relu() + k.relu() + v) * mix.sum()
     if rope is not None:  # the tables reach the op (Wan with rope="features")
         out = out + rope[0].sum() * rope[1].sum()

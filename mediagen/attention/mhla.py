@@ -118,20 +118,21 @@ class MHLAttention(nn.Module):
     def num_blocks(self) -> int:
         return math.prod(self.blocks)
 
-    def forward(self, q, k, v, grid: Sequence[int], rope=None):
+    def forward(self, q, k, v, grid: Sequence[int], rope=None, cpe=None):
         """q, k, v: (B, N, H, D) with N = prod(grid); returns (B, N, H, D). ``rope``: (cos, sin) tables
-        of shape (N, D/2), see the module docstring (None: plain MHLA)."""
+        of shape (N, D/2), see the module docstring (None: plain MHLA). ``cpe``: (weight, bias) of a CPE over
+        ``grid`` to add to the output, on the Triton path without gradients (``kernels.mhla.mhla``)."""
         grid = tuple(int(g) for g in grid)
         if len(grid) != len(self.blocks):
             raise ValueError(f"grid={grid} has {len(grid)} axes but this layer's blocks={self.blocks} "
                              f"has {len(self.blocks)}")
         blocks = fit_blocks(self.blocks, grid)
-        return self._attend(q, k, v, fit_mix(self.mix, self.blocks, blocks), grid, blocks, rope)
+        return self._attend(q, k, v, fit_mix(self.mix, self.blocks, blocks), grid, blocks, rope, cpe)
 
-    def _attend(self, q, k, v, mix, grid, blocks, rope):
+    def _attend(self, q, k, v, mix, grid, blocks, rope, cpe=None):
         scale = self.scale if not self.normalize else None
         return mhla(q, k, v, mix, grid, blocks, normalize=self.normalize, eps=self.eps,
-                    feature_map=self.feature_map, scale=scale, rope=rope)
+                    feature_map=self.feature_map, scale=scale, rope=rope, cpe=cpe)
 
     @torch.no_grad()
     def clip_mix_(self):

@@ -6,7 +6,9 @@ a depthwise convolution of the tokens v (B, N, C) over their (G0, G1, G2) grid (
 grid's ends, odd kernel sizes centred on the token) plus its bias, added to o (B, N, C). The tokens stay in
 their own layout: no channels-first copy, no separate add. Where a model samples on a GPU this replaces a
 layout copy, the conv and the add (about 120 µs of host time per layer eager: the class-to-image DiT on the
-H200); accumulation is fp32 with one rounding at the end.
+H200); accumulation is fp32 with one rounding at the end. An MHLA layer sampling eager hands its CPE to the op
+instead, whose dense forward adds the same sum before it stores o (``kernels/mhla/triton_dense.py``) while its
+launch fits in one wave.
 
 Forward only: training goes through ``nn.Conv*`` and autograd. ``cpe_add_reference`` is the plain-PyTorch
 oracle (``torch.nn.functional.conv3d``).

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import LinearAttention, MHLAttention
+from ..kernels.mhla.op import resolve_backend
 from .attention_spec import AttentionSpec
 
 try:  # triton ships with CUDA builds of torch on Linux; elsewhere the CPE is the conv
@@ -172,6 +173,9 @@ class GridSelfAttnProcessor(nn.Module):
             o = self.sequence_parallel.attend(self.core, q, k, v, rope=rope)
         else:
             grid = tuple(self.grids.lookup(q.shape[1]))
+            if self._cpe_in_core(q, k, v):
+                o = self.core(q, k, v, grid, rope=rope, cpe=(self.cpe.weight, self.cpe.bias)).flatten(2)
+                return self.project_out(attn, o.type_as(q), residual)
             o = self.core(q, k, v, grid, rope=rope)
         o = o.flatten(2)
         if self.out_norm is not None:
@@ -181,6 +185,17 @@ class GridSelfAttnProcessor(nn.Module):
         if self.cpe is not None:
             o = self._add_cpe(o, v.flatten(2), grid)
         return self.project_out(attn, o.type_as(q), residual)
+
+    def _cpe_in_core(self, q, k, v) -> bool:
+        """Whether the MHLA op adds the CPE itself (its dense forward then adds it before storing o: one launch
+        and one write of o fewer): eager sampling on the Triton path, an MHLA core (linear attention's grid is
+        its token row), no norm or gate between the attention and the CPE."""
+        if self.cpe is None or self.kind != "mhla" or self.out_norm is not None or self.out_gate is not None:
+            return False
+        if torch.compiler.is_compiling() or not fused_cpe_device(v) or resolve_backend(None, v.device) != "triton":
+            return False
+        return not torch.is_grad_enabled() or not any(
+            t.requires_grad for t in (q, k, v, self.core.mix, self.cpe.weight, self.cpe.bias))
 
     def _add_cpe(self, o, v, grid):
         """o + CPE(v). Sampling on a GPU (nothing to differentiate): one Triton launch that reads the tokens in

@@ -34,7 +34,7 @@ def resolve_backend(backend, device) -> str:
 
 
 def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None, backend=None,
-         algorithm="auto", rope=None):
+         algorithm="auto", rope=None, cpe=None):
     """MHLA over a 1D/2D/3D token grid. q, k, v: (B, N, H, D); mix: (M, M) or (H, M, M).
 
     Returns o (B, N, H, D) in q's dtype. Math: docs/DESIGN.md#mhla; accumulation is fp32.
@@ -42,10 +42,14 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
     summaries and suits long sequences; dense recomputes them on chip and suits short ones.
     ``rope``: None or (cos, sin) angle tables (N, D/2) that rotate the numerator's features, the
     official Wan MHLA variant (rotation.py).
+    ``cpe``: None, or (weight, bias) of a conditional positional encoding that the Triton forward adds to o
+    while nothing is differentiated (``triton_op.mhla_triton``); the other paths do not take it.
     """
     grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
     cos, sin = split_rope(rope, q)
     path = resolve_backend(backend, q.device)
+    if cpe is not None and path != "triton":
+        raise ValueError(f"cpe= is taken by the Triton path only, not backend={path!r}: add the CPE after the op")
     if path in ("blocked", "reference"):
         torch_path = mhla_blocked if path == "blocked" else mhla_reference
         return torch_path(q, k, v, mix, grid, blocks, normalize=normalize, eps=eps, feature_map=feature_map,
@@ -54,4 +58,4 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
         raise ValueError("backend='triton' needs the triton package, which is not installed here")
     return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
                        feature_map=feature_map, scale=scale, algorithm=algorithm,
-                       rope=None if cos is None else (cos, sin))
+                       rope=None if cos is None else (cos, sin), cpe=cpe)

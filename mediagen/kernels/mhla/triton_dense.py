@@ -18,6 +18,11 @@ launch settings).
 SAVE (normalised, ahead of the dense backward, triton_dense_grad.py): each row's 1 / den_t goes to INV (B*H, N,
 fp32) and, with LO_PART (half-precision o), what rounding o to its dtype lost, o_fp32 - o, to LO (bf16, o's
 layout): o + lo carries o to about 2^-16 relative, which g.o in the backward needs.
+CK0 > 0 (sampling, nothing saved): the layer's conditional positional encoding is added to o before it is stored,
+o_t += bias + sum_taps w[tap] * v[t + offset(tap)], a depthwise convolution of v over the token grid (CK0 x CK1 x
+CK2 taps, G1 x G2 the grid's last two axes; kernels/cpe.py has the same sum as a launch of its own). The channel
+of head h, column d is h * D + d, as in the (B, N, H * D) view of v. The taps re-read v tiles that the key walk
+has just read, so they mostly come from L2, and o is written once instead of written, read and written again.
 """
 
 import triton
@@ -54,15 +59,46 @@ def _feature_tile(base, rows, rmask, stride_n, cols, stride_d, D: tl.constexpr, 
 
 
 @triton.jit
-def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO,
+def _positional(o, vbase, rows, rmask, cols, cmask, svn, svd, CW, CB, channel0, N, G1, G2,
+                CK0: tl.constexpr, CK1: tl.constexpr, CK2: tl.constexpr, CPE_BIAS: tl.constexpr):
+    """o (rows x cols, fp32) plus the CPE of v at those rows and head-dim columns (channels channel0 + cols)."""
+    plane = G1 * G2
+    f = rows // plane
+    y = (rows // G2) % G1
+    x = rows % G2
+    G0 = N // plane
+    ch = channel0 + cols
+    for i in tl.static_range(CK0):
+        fi = f + (i - CK0 // 2)
+        fok = rmask & (fi >= 0) & (fi < G0)
+        for j in tl.static_range(CK1):
+            yj = y + (j - CK1 // 2)
+            yok = fok & (yj >= 0) & (yj < G1)
+            for l in tl.static_range(CK2):
+                xl = x + (l - CK2 // 2)
+                ok = yok & (xl >= 0) & (xl < G2)
+                s = (fi * G1 + yj) * G2 + xl
+                tap = tl.load(vbase + s.to(tl.int64)[:, None] * svn + cols[None, :] * svd,
+                              mask=ok[:, None] & cmask[None, :], other=0.0)
+                w = tl.load(CW + ch * (CK0 * CK1 * CK2) + ((i * CK1 + j) * CK2 + l), mask=cmask, other=0.0)
+                o += tap.to(tl.float32) * w.to(tl.float32)[None, :]
+    if CPE_BIAS:
+        o += tl.load(CB + ch, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    return o
+
+
+@triton.jit
+def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO, CW, CB,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          sct, scj, sst, ssj,
-                         N, H, D: tl.constexpr, M, mix_head_stride, eps, scale,
+                         N, H, D: tl.constexpr, M, mix_head_stride, eps, scale, G1, G2,
                          BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                          BM: tl.constexpr, ONEHOT: tl.constexpr, DEN_COL: tl.constexpr, FEATURE: tl.constexpr,
                          NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr,
                          IEEE: tl.constexpr, ROPE: tl.constexpr, AL: tl.constexpr,
-                         SAVE: tl.constexpr = False, LO_PART: tl.constexpr = False):
+                         SAVE: tl.constexpr = False, LO_PART: tl.constexpr = False,
+                         CK0: tl.constexpr = 0, CK1: tl.constexpr = 1, CK2: tl.constexpr = 1,
+                         CPE_BIAS: tl.constexpr = False):
     # row strides arrive divided by AL (triton_chunked.py's module doc says why)
     sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
     svb, svn, svh, sob, son, soh = svb * AL, svn * AL, svh * AL, sob * AL, son * AL, soh * AL
@@ -165,6 +201,8 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO,
     else:
         inv = tl.full((BT,), scale, tl.float32)
     o = acc * inv[:, None]
+    if CK0 > 0:
+        o = _positional(o, vbase, rows, rmask, d, dmask, svn, svd, CW, CB, h * D, N, G1, G2, CK0, CK1, CK2, CPE_BIAS)
     hi = o.to(O.dtype.element_ty)
     tl.store(O + ooff + d[None, :] * sod, hi, mask=qmask)
     if SAVE:
@@ -174,6 +212,9 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO,
     if BD2 > 0:
         omask2 = rmask[:, None] & (d2 < D)[None, :]
         o2 = acc2 * inv[:, None]
+        if CK0 > 0:
+            o2 = _positional(o2, vbase, rows, rmask, d2, d2 < D, svn, svd, CW, CB, h * D, N, G1, G2, CK0, CK1, CK2,
+                             CPE_BIAS)
         hi2 = o2.to(O.dtype.element_ty)
         tl.store(O + ooff + d2[None, :] * sod, hi2, mask=omask2)
         if SAVE and LO_PART:

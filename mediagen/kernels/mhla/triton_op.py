@@ -390,9 +390,10 @@ def _sms_of(device) -> Optional[int]:
 
 
 def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normalize, eps, scale, fcode,
-                  sms: Optional[int] = None, save: bool = False) -> CachedLaunch:
+                  sms: Optional[int] = None, save: bool = False, cpe: Optional[tuple] = None) -> CachedLaunch:
     """``strides``: those of q, k, v. ``sms``: the GPU's SM count, for ``fill_rows`` (with the dense settings'
-    ``fill``). ``save``: the launch keeps what the dense backward reads (``_run_dense``)."""
+    ``fill``). ``save``: the launch keeps what the dense backward reads (``_run_dense``). ``cpe``: None, or
+    ((G0, G1, G2), (K0, K1, K2), has_bias) to add the layer's CPE to o (``cpe_form``)."""
     B, N, H, D = shape
     rope = tstrides is not None
     tiles = _dense_tiles(settings, D, dtype, rope, normalize, N)
@@ -403,12 +404,34 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
     o_stride = _contiguous(shape)
     al = _stride_unit_of(*strides, o_stride)
     rows = tuple(s for st in (*strides, o_stride) for s in _row_strides_of(st, al))
+    (_, G1, G2), (K0, K1, K2), bias = cpe or ((1, 1, 1), (0, 1, 1), False)
     return CachedLaunch(
         (B * H, _cdiv(N, tiles["BT"])),
-        (*rows, *(tstrides or (0, 0, 0, 0)), N, H, D, M, M * M if per_head else 0, eps, scale),
+        (*rows, *(tstrides or (0, 0, 0, 0)), N, H, D, M, M * M if per_head else 0, eps, scale, G1, G2),
         dict(**tiles, BM=max(16, _next_pow2(M)), ONEHOT=settings["dense"].onehot and M <= 128, FEATURE=fcode,
              NORMALIZE=normalize, DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, SAVE=save,
-             LO_PART=save and not ieee, num_warps=warps, num_stages=stages))
+             LO_PART=save and not ieee, CK0=K0, CK1=K1, CK2=K2, CPE_BIAS=bias, num_warps=warps, num_stages=stages))
+
+
+def _cpe_pays(grid: tuple, sms: Optional[int]) -> bool:
+    """Whether the dense forward adds the CPE itself: while its launch has no more programs than the GPU has SMs.
+    Such a launch is bound by each program's latency and the taps' loads hide in it; a launch of several waves
+    pays their L2 traffic (nine re-reads of v per tile). H200, image-mhla's 196 tokens, bf16: at B = 2 and 8 the
+    dense forward with the taps took 8.27 / 11.29 us against 8.92 / 11.13 for it and the CPE kernel, at B = 128
+    (384 programs) 66.2 against 54.9. Without a GPU (the interpreter) always."""
+    return sms is None or grid[0] * grid[1] <= sms
+
+
+def cpe_form(weight, bias, grid, channels: int) -> tuple:
+    """((G0, G1, G2), (K0, K1, K2), has_bias) of a CPE that the dense forward adds to o: a depthwise kernel
+    ``weight`` (channels, 1, *k) with one odd size per axis of ``grid``, ``bias`` (channels,) or None. Raises
+    ValueError naming what is not allowed."""
+    from ..cpe import check_cpe_args
+
+    n = math.prod(grid)
+    like = torch.empty((1, n, channels), device="meta")
+    g3, k3 = check_cpe_args(like, like, weight, bias, grid)
+    return g3, k3, bias is not None
 
 
 def dense_grad_tiles(settings, D: int, dtype) -> dict:
@@ -533,18 +556,20 @@ def _run_apply(launch, q, mixed, order, offsets, cos, sin, out_dtype=None):
     return o
 
 
-def _run_dense(launch, q, k, v, mixf, blk, cos, sin):
+def _run_dense(launch, q, k, v, mixf, blk, cos, sin, cpe_weight=None, cpe_bias=None):
     """(o, inv, lo); with the launch's SAVE each row's 1 / den (B*H, N) fp32 and o's rounding in bf16 (None for
-    fp32 o), for the dense backward; without it (o, None, None)."""
+    fp32 o), for the dense backward; without it (o, None, None). ``cpe_weight``, ``cpe_bias``: the CPE's, for a
+    launch that adds it (``_dense_launch``)."""
     o = _empty(q.shape, q.device, q.dtype)
     tables = (q if cos is None else cos, q if sin is None else sin)
     if not launch.consts["SAVE"]:
-        launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, q, q)
+        cw = q if cpe_weight is None else cpe_weight
+        launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, q, q, cw, cw if cpe_bias is None else cpe_bias)
         return o, None, None
     B, N, H, D = q.shape
     inv = _empty((B * H, N), q.device, torch.float32)
     lo = _empty(q.shape, q.device, torch.bfloat16) if launch.consts["LO_PART"] else None
-    launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, inv, q if lo is None else lo)
+    launch(dense_forward_kernel, q, k, v, mixf, blk, o, *tables, inv, q if lo is None else lo, q, q)
     return o, inv, lo
 
 
@@ -720,8 +745,13 @@ class _Plan:
     made with, so a backward launches with its forward's settings on whatever thread autograd runs it."""
 
     def __init__(self, settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
-                 cos, sin, keep, exchange=None):
+                 cos, sin, keep, exchange=None, cpe=None):
         B, N, H, D = shape = q.shape
+        self.grid = grid
+        # the CPE the forward adds to o (no gradients only): in the dense kernel (cpe_in_kernel), else a launch of
+        # its own after the forward
+        self.cpe = None if cpe is None else cpe_form(*cpe, grid, H * D)
+        self.cpe_in_kernel = False
         dtype, device = q.dtype, q.device
         M = math.prod(blocks)
         if splits is None:
@@ -761,9 +791,13 @@ class _Plan:
         self.dense_backward = algorithm == "dense" and exchange is None and _dense_backward(keep, cos is not None, M)
         if algorithm == "dense":
             self.blk = _token_blocks_int32(grid, blocks, device)
-            self.dense = _dense_launch(settings, shape, dtype, (q.stride(), k.stride(), v.stride()), tstrides, M,
-                                       self.per_head, normalize, eps, scale, fcode, _sms_of(device),
-                                       self.dense_backward and normalize)
+            dense = lambda cpe: _dense_launch(  # noqa: E731
+                settings, shape, dtype, (q.stride(), k.stride(), v.stride()), tstrides, M, self.per_head, normalize,
+                eps, scale, fcode, _sms_of(device), self.dense_backward and normalize, cpe)
+            self.dense = dense(self.cpe)
+            self.cpe_in_kernel = self.cpe is not None and _cpe_pays(self.dense.grid, _sms_of(device))
+            if self.cpe is not None and not self.cpe_in_kernel:
+                self.dense = dense(None)
         else:
             self._summary_and_mix(shape, dtype, device)
             self.apply = _apply_launch(settings, shape, dtype, q.stride(), tstrides, M, self.J, normalize, eps,
@@ -782,20 +816,34 @@ class _Plan:
         m = _fp32_mix(mix) if self.mix_copy else mix
         return m if self.rows is None else m[..., self.rows, :]
 
-    def forward(self, q, k, v, mix, cos, sin, exchange=None):
+    def forward(self, q, k, v, mix, cos, sin, exchange=None, cpe=None):
         """(o, sz, mixed); after the dense algorithm, which keeps no summaries, (o, inv, lo) ahead of the dense
         backward (``_run_dense``), else (o, None, None).
         ``exchange``: the ``BlockExchange`` this plan was made with, or None; sz is then all blocks'
-        summaries, gathered (exchange.py: the steps)."""
+        summaries, gathered (exchange.py: the steps). ``cpe``: (weight, bias) of the CPE the plan was made
+        with, added to o."""
         m = self.mix_operand(mix)
         if self.algorithm == "dense":
-            return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin)
+            if cpe is None:
+                return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin)
+            if self.cpe_in_kernel:
+                weight, bias = cpe
+                return _run_dense(self.dense, q, k, v, m, self.blk, cos, sin,
+                                  weight if weight.is_contiguous() else weight.contiguous(), bias)
+            return self._cpe_after(_run_dense(self.dense, q, k, v, m, self.blk, cos, sin)[0], v, cpe), None, None
         sz = _run_summary(self.summary, k, v, self.order, self.offsets, cos, sin, self.sz_dtype)
         if exchange is not None:
             sz = exchange.gather_summaries(sz)
         mixed = _run_mix(*self.mix, m, sz, sz.dtype)
         o = _run_apply(self.apply, q, mixed, self.order, self.offsets, cos, sin)
-        return o, sz, mixed
+        return (o if cpe is None else self._cpe_after(o, v, cpe)), sz, mixed
+
+    def _cpe_after(self, o, v, cpe):
+        """o + the CPE as a launch of its own (``kernels.cpe``)."""
+        from ..cpe import cpe_add
+
+        B, N, H, D = o.shape
+        return cpe_add(o.view(B, N, H * D), v.reshape(B, N, H * D), *cpe, self.grid).view(B, N, H, D)
 
     def backward(self, g, q, k, v, mix, o, sz, mixed, cos, sin, exchange=None):
         """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``); after the dense
@@ -886,20 +934,21 @@ _plans: dict = {}
 
 
 def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin,
-          keep, exchange=None) -> _Plan:
+          keep, exchange=None, cpe=None) -> _Plan:
     """The plan for these arguments under the launch settings in force, made on first use. The key holds the
     settings table's id; a plan keeps its table alive, so while a plan is cached no other table has that id.
     ``keep``: the forward's summaries are kept for a backward. ``exchange``: a ``BlockExchange`` or None; its
-    held block range is part of the key (it decides the token lists the plan keeps)."""
+    held block range is part of the key (it decides the token lists the plan keeps). ``cpe``: (weight, bias) or
+    None; its kernel's shape and whether it has a bias are part of the key."""
     settings = current_settings()
     key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
            mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
            _table_strides(cos, sin), keep, None if exchange is None else (exchange.rows.start, exchange.rows.stop),
-           DENSE_BACKWARD, DENSE_BACKWARD_MAX_BLOCKS)
+           DENSE_BACKWARD, DENSE_BACKWARD_MAX_BLOCKS, None if cpe is None else (cpe[0].shape, cpe[1] is None))
     plan = _plans.get(key)
     if plan is None:
         plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,
-                                                  scale, algorithm, splits, cos, sin, keep, exchange))
+                                                  scale, algorithm, splits, cos, sin, keep, exchange, cpe))
     return plan
 
 
@@ -1038,21 +1087,32 @@ def mhla_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix: torch.Ten
                            FEATURE_CODES[feature_map], _sms_of(q.device))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     wrap_triton(dense_forward_kernel)[launch.grid](q, k, v, mix, blk, o, q if cos is None else cos,
-                                                    q if sin is None else sin, q, q, *launch.scalars, **launch.consts)
+                                                    q if sin is None else sin, q, q, q, q, *launch.scalars,
+                                                    **launch.consts)
     return o
 
 
 def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None,
-                algorithm="auto", splits=None, rope=None, exchange=None):
+                algorithm="auto", splits=None, rope=None, exchange=None, cpe=None):
     """Arguments already validated by ``mhla``. Returns o (B, N, H, D) in q's dtype.
 
     ``exchange``: None, or a ``BlockExchange`` (exchange.py) when this process holds only the blocks
     ``exchange.rows`` of ``grid``: q, k, v (and the rope tables) are then those blocks' tokens, numbered as
     ``exchange.order`` numbers them, and o is theirs. It runs the chunked steps with one split per block, the
-    summaries that travel being whole blocks' (more splits would multiply what is sent)."""
+    summaries that travel being whole blocks' (more splits would multiply what is sent).
+
+    ``cpe``: None, or (weight, bias) of a conditional positional encoding to add to o, o + bias + a depthwise
+    convolution of v over ``grid`` (channel h * D + d; weight (H * D, 1, *k), odd sizes, bias (H * D,) or
+    None), for sampling: nothing may be differentiated. The dense forward adds it before it stores o where its
+    launch fits in one wave (``_cpe_pays``); otherwise, and after the chunked forward, ``kernels.cpe.cpe_add``
+    does."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
     cos, sin = rope if rope is not None else (None, None)
+    if cpe is not None and (exchange is not None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, mix, *cpe)))):
+        raise ValueError("cpe= is taken only by an eager forward that nothing differentiates, without an exchange: "
+                         "add the CPE after the op otherwise")
     if exchange is not None:
         if algorithm == "dense":
             raise ValueError("algorithm='dense' is not allowed with an exchange (the dense kernel keeps no block "
@@ -1085,7 +1145,7 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
     keep = _needs_grad(q, k, v, mix)
     plan = _plan(q, k, v, mix, tuple(grid), tuple(blocks), normalize, float(eps), feature_map or "none",
                  1.0 if scale is None else float(scale), algorithm, None if splits is None else int(splits), cos, sin,
-                 keep)
+                 keep, None, cpe)
     if not keep:  # nothing to differentiate (sampling): no autograd node, nothing saved
-        return plan.forward(q, k, v, mix, cos, sin)[0]
+        return plan.forward(q, k, v, mix, cos, sin, None, cpe)[0]
     return _MHLAFunction.apply(q, k, v, mix, plan, cos, sin, None)
