@@ -154,7 +154,8 @@ def dense_constexprs(D, dtype, rope, normalize):
     tiles = T.dense_settings(D, dtype, rope, normalize)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
     consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope, **tiles,
-                  SAVE=False, LO_PART=False, **row_stride_args(dense_forward_kernel, D))
+                  SAVE=False, LO_PART=False, CK0=0, CK1=1, CK2=1, CPE_BIAS=False,
+                  **row_stride_args(dense_forward_kernel, D))
     return consts, warps, stages
 
 
