@@ -26,21 +26,16 @@ from .launch import CachedLaunch
 
 
 @triton.jit
-def cpe_add_kernel(O, V, W, BIAS, OUT, N, C, G1, G2, sob, son, svb, svn,
-                   K0: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   BT: tl.constexpr, BC: tl.constexpr):
-    b = tl.program_id(2).to(tl.int64)
-    t = tl.program_id(0) * BT + tl.arange(0, BT)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
-    tmask = t < N
-    cmask = c < C
+def cpe_taps(acc, vbase, t, tmask, cols, cmask, svn, svd, W, ch, N, G1, G2,
+             K0: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr):
+    """acc (tokens t x columns cols, fp32) plus the depthwise taps of v at those tokens: v's columns ``cols``
+    (stride ``svd``, tokens ``svn`` from ``vbase``) are the channels ``ch`` of the weights W (C, K0 * K1 * K2).
+    (Also the dense MHLA forward's epilogue, kernels/mhla/triton_dense.py.)"""
     plane = G1 * G2
     G0 = N // plane
     f = t // plane
     y = (t // G2) % G1
     x = t % G2
-    acc = tl.zeros((BT, BC), dtype=tl.float32)
-    vbase = V + b * svb
     for i in tl.static_range(K0):
         fi = f + (i - K0 // 2)
         fok = tmask & (fi >= 0) & (fi < G0)
@@ -51,10 +46,24 @@ def cpe_add_kernel(O, V, W, BIAS, OUT, N, C, G1, G2, sob, son, svb, svn,
                 xl = x + (l - K2 // 2)
                 ok = yok & (xl >= 0) & (xl < G2)
                 s = (fi * G1 + yj) * G2 + xl
-                tap = tl.load(vbase + s.to(tl.int64)[:, None] * svn + c[None, :],
+                tap = tl.load(vbase + s.to(tl.int64)[:, None] * svn + cols[None, :] * svd,
                               mask=ok[:, None] & cmask[None, :], other=0.0)
-                w = tl.load(W + c * (K0 * K1 * K2) + ((i * K1 + j) * K2 + l), mask=cmask, other=0.0)
+                w = tl.load(W + ch * (K0 * K1 * K2) + ((i * K1 + j) * K2 + l), mask=cmask, other=0.0)
                 acc += tap.to(tl.float32) * w.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def cpe_add_kernel(O, V, W, BIAS, OUT, N, C, G1, G2, sob, son, svb, svn,
+                   K0: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BT: tl.constexpr, BC: tl.constexpr):
+    b = tl.program_id(2).to(tl.int64)
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    tmask = t < N
+    cmask = c < C
+    acc = cpe_taps(tl.zeros((BT, BC), dtype=tl.float32), V + b * svb, t, tmask, c, cmask, svn, 1, W, c, N, G1, G2,
+                   K0, K1, K2)
     if HAS_BIAS:
         acc += tl.load(BIAS + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
     m = tmask[:, None] & cmask[None, :]

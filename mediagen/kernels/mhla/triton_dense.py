@@ -28,6 +28,7 @@ has just read, so they mostly come from L2, and o is written once instead of wri
 import triton
 import triton.language as tl
 
+from ..cpe import cpe_taps
 from ..triton_dot import dot  # (by its own name: Inductor copies a traced kernel's helpers under theirs)
 from .triton_common import feature, rope_tables, rotate
 
@@ -62,26 +63,8 @@ def _feature_tile(base, rows, rmask, stride_n, cols, stride_d, D: tl.constexpr, 
 def _positional(o, vbase, rows, rmask, cols, cmask, svn, svd, CW, CB, channel0, N, G1, G2,
                 CK0: tl.constexpr, CK1: tl.constexpr, CK2: tl.constexpr, CPE_BIAS: tl.constexpr):
     """o (rows x cols, fp32) plus the CPE of v at those rows and head-dim columns (channels channel0 + cols)."""
-    plane = G1 * G2
-    f = rows // plane
-    y = (rows // G2) % G1
-    x = rows % G2
-    G0 = N // plane
     ch = channel0 + cols
-    for i in tl.static_range(CK0):
-        fi = f + (i - CK0 // 2)
-        fok = rmask & (fi >= 0) & (fi < G0)
-        for j in tl.static_range(CK1):
-            yj = y + (j - CK1 // 2)
-            yok = fok & (yj >= 0) & (yj < G1)
-            for l in tl.static_range(CK2):
-                xl = x + (l - CK2 // 2)
-                ok = yok & (xl >= 0) & (xl < G2)
-                s = (fi * G1 + yj) * G2 + xl
-                tap = tl.load(vbase + s.to(tl.int64)[:, None] * svn + cols[None, :] * svd,
-                              mask=ok[:, None] & cmask[None, :], other=0.0)
-                w = tl.load(CW + ch * (CK0 * CK1 * CK2) + ((i * CK1 + j) * CK2 + l), mask=cmask, other=0.0)
-                o += tap.to(tl.float32) * w.to(tl.float32)[None, :]
+    o = cpe_taps(o, vbase, rows, rmask, cols, cmask, svn, svd, CW, ch, N, G1, G2, CK0, CK1, CK2)
     if CPE_BIAS:
         o += tl.load(CB + ch, mask=cmask, other=0.0).to(tl.float32)[None, :]
     return o
