@@ -72,6 +72,7 @@ shipped)  # the shipped MNIST models on the GPU: the dense forward's and the CPE
           # tiles, the dense forward's tiles at their shapes, image sampling under CUDA graphs (about 8 minutes)
   run shipped_tests 150 python3 -m pytest -q tests/test_mhla_triton.py tests/test_cpe_kernel.py -k "dense or fill or cpe"
   run cpe_sweep 90 python3 -m benchmarks.sweep_cpe --batches 2,64
+  run cpe_in_op 60 python3 -m benchmarks.sweep_cpe --in-op --batches 2,8,32,128
   run dense_shipped 120 python3 -m benchmarks.sweep_mhla --dense --shipped --batches 2,8
   run image_graphs 120 python3 -m benchmarks.image_latency --device cuda --dtype bf16 --batches 1 64 \
     --runtime cuda-graphs --rounds 4 --models image-sdpa image-mhla

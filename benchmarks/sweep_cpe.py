@@ -2,9 +2,13 @@
 models' sampling shapes, CUDA-graph replay, µs; the shipped launch and a copy of o beside them.
 
     python -m benchmarks.sweep_cpe [--batches 2,64]
+    python -m benchmarks.sweep_cpe --in-op [--batches 2,8,128]
 
 (from the repository root, as a module; a CUDA GPU). Prints every setting's time per shape, then the settings
-ranked by the geometric mean of their time relative to each shape's best.
+ranked by the geometric mean of their time relative to each shape's best. ``--in-op``: instead, the MHLA op
+without gradients at image-mhla's shape with the CPE handed to it (``mhla(..., cpe=)``: in the dense forward's
+epilogue while its launch is one wave) beside the op followed by the CPE kernel, CUDA graph µs and eager wall µs
+per call (the median of 5 runs of 200 calls, then a synchronize).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import time
 
 import torch
 import triton
@@ -54,9 +59,52 @@ def sweep(batches):
           ", ".join(f"{t}: {x:.3f}" for t, x in sorted(score.items(), key=lambda kv: kv[1])[:8]))
 
 
+def _eager_us(fn, calls=200, runs=5) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return sorted(times)[runs // 2]
+
+
+def in_op(batches):
+    """The op with its CPE handed over against the op then the CPE kernel, image-mhla's shape, bf16."""
+    from mediagen.attention.mhla import locality_mix
+    from mediagen.kernels.mhla.triton_op import mhla_triton
+
+    name, grid, C, kernel = SHAPES[0]
+    H, blocks = 3, (3, 3)
+    for B in batches:
+        q, k, v = (torch.randn(B, math.prod(grid), H, C // H, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        mix = locality_mix(blocks).cuda()
+        w = torch.randn(C, 1, *kernel, device="cuda", dtype=torch.bfloat16) / 4
+        bias = torch.randn(C, device="cuda", dtype=torch.bfloat16)
+
+        @torch.no_grad()
+        def apart():
+            o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu")
+            return cpe.cpe_add(o.flatten(2), v.flatten(2), w, bias, grid)
+
+        @torch.no_grad()
+        def handed():
+            return mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", cpe=(w, bias)).flatten(2)
+
+        a, h = apart().float(), handed().float()
+        print(f"{name} B={B}: handed to the op {timed(handed):.2f} us graph, {_eager_us(handed):.1f} eager; op then "
+              f"CPE kernel {timed(apart):.2f} graph, {_eager_us(apart):.1f} eager; relative difference "
+              f"{((a - h).norm() / a.norm()).item():.1e}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="2,64", help="comma list of batch sizes")
+    ap.add_argument("--in-op", action="store_true", help="the CPE handed to the MHLA op against its own launch")
     args = ap.parse_args()
     try:
         batches = [int(b) for b in args.batches.split(",") if b]
@@ -66,7 +114,10 @@ def main():
         ap.error(f"--batches={args.batches!r} is not allowed: use a comma list of positive ints, e.g. 2,64")
     if not torch.cuda.is_available():
         ap.error("a CUDA GPU is needed: the sweep times the Triton kernel")
-    sweep(batches)
+    if args.in_op:
+        in_op(batches)
+    else:
+        sweep(batches)
 
 
 if __name__ == "__main__":
