@@ -35,6 +35,7 @@ from mediagen.kernels.mhla import triton_op as T
 from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel, query_grad_kernel,
                                                   summary_kernel)
 from mediagen.kernels.mhla.triton_dense import dense_forward_kernel
+from mediagen.kernels.mhla.triton_dense_grad import dense_key_grad_kernel, dense_query_grad_kernel
 
 REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # pointer arguments and their element types for bf16 inputs in training: the summaries, mixed or not,
@@ -42,10 +43,10 @@ REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # that nothing differentiates stores them in bf16)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
             "SZ": "fp32", "SZM": "fp32", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
-            "INV": "fp32", "LO": "bf16", "GO": "fp32", "CW": "bf16", "CB": "bf16",
+            "INV": "fp32", "LO": "bf16", "GO": "fp32", "DMIX": "fp32", "CW": "bf16", "CB": "bf16",
             "order": "i32", "offsets": "i32"}
 FLOATS = {"eps", "scale"}
-KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense")
+KERNELS = ("summary", "apply", "query_grad", "key_grad", "dense", "dense_query_grad", "dense_key_grad")
 UNIT_STRIDES = {"sqd", "skd", "svd", "sod", "sgd", "sdd", "sdkd", "sdvd"}  # the head dim is contiguous
 
 
@@ -139,6 +140,8 @@ def reports(D: int, only=(), fp32=False, rope=False):
                        io),
         "key_grad": (key_grad_kernel, chunked_constexprs("key_grad", D, fp32, rope, LOWP=lowp), io),
         "dense": (dense_forward_kernel, dense_constexprs(D, dtype, rope=rope, normalize=True), io),
+        "dense_query_grad": (dense_query_grad_kernel, dense_grad_constexprs(dense_query_grad_kernel, D, dtype), io),
+        "dense_key_grad": (dense_key_grad_kernel, dense_grad_constexprs(dense_key_grad_kernel, D, dtype), io),
     }
     out = {}
     for name, (fn, (consts, warps, stages), pointers) in plans.items():
@@ -155,7 +158,20 @@ def dense_constexprs(D, dtype, rope, normalize):
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
     consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope, **tiles,
                   SAVE=False, LO_PART=False, CK0=0, CK1=1, CK2=1, CPE_BIAS=False,
-                  **row_stride_args(dense_forward_kernel, D))
+                  TAIL=0, **row_stride_args(dense_forward_kernel, D))
+    return consts, warps, stages
+
+
+def dense_grad_constexprs(fn, D, dtype):
+    """(constexprs, warps, stages) of a dense backward kernel as ``_dense_grad_launch`` would launch it (no RoPE:
+    the dense backward never has it), normalised."""
+    f32 = dtype == torch.float32
+    tiles = T.dense_grad_tiles(T.current_settings(), D, dtype)
+    warps, stages = tiles.pop("warps"), tiles.pop("stages")
+    consts = dict(D=D, BM=16, FEATURE=1, NORMALIZE=True, DOT_F32=f32, IEEE=f32, **tiles, TAIL=0,
+                  **row_stride_args(fn, D))
+    if fn is dense_query_grad_kernel:
+        consts["LO_PART"] = not f32
     return consts, warps, stages
 
 

@@ -97,3 +97,14 @@ def test_rejects_unknown_kernels_and_head_dims():
     proc = run("--fp32", "--fp32-rope")
     assert proc.returncode == 2 and "--fp32 and --fp32-rope: give one" in proc.stderr
 
+
+
+def test_the_dense_backward_fits_shared_memory_at_head_dim_256_in_fp32():
+    """fp32 tiles of 256 columns once asked the dense backward's kernels for 237,824 and 240,384 bytes of shared
+    memory, more than an H200 has (232,448: out of resources at launch); their tiles are now smaller there."""
+    proc = run("--head-dim", "256", "--fp32", "--kernels", "dense_query_grad,dense_key_grad")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = kernel_rows(proc.stdout)
+    assert [r[0] for r in rows] == ["dense_query_grad", "dense_key_grad"]
+    for name, warps, stages, regs, spill, smem_kib, ctas, narrow in rows:
+        assert 0 < float(smem_kib) <= 227 and int(ctas) >= 1, name

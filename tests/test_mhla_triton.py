@@ -1187,6 +1187,67 @@ def test_short_sequences_take_the_short_tiles(device, monkeypatch):
         kernel_settings("dense").for_tokens(196).BT
 
 
+@pytest.mark.parametrize("grid,D,dtype,rope,bs,tail", [
+    ((5, 9), 16, torch.float16, False, 32, 16),    # 45 = 32 + 13 keys: one step of 16 after one of 32
+    ((7, 9), 24, torch.float16, True, 32, 0),      # 63 = 32 + 31: the rest rounds up to 32, no narrower step
+    ((14, 14), 16, torch.float16, True, 64, 16),   # image-mhla's 196 = 3 x 64 + 4, with the rotation
+    ((5, 7), 72, torch.float16, False, 16, 0),     # 35 = 2 x 16 + 3: no step narrower than 16
+    ((3, 13), 72, torch.float16, False, 32, 16),   # 39 = 32 + 7, the head dim in two pieces
+    ((3, 13), 160, torch.float16, False, 32, 0),   # a head-dim tile over 128 columns: whole steps
+    ((5, 9), 16, torch.float32, False, 32, 0),     # fp32: whole steps
+])
+def test_the_last_keys_take_a_narrower_step(device, monkeypatch, grid, D, dtype, rope, bs, tail):
+    """Where the keys past the last multiple of the step are fewer than half a step, the dense forward walks them
+    in one step of their count rounded up to a power of two (``dense_tail``), and the result matches the
+    reference: every key is counted once."""
+    monkeypatch.setattr(triton_op, "_plans", {})
+    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
+    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    N = math.prod(grid)
+    blocks = (2, 3)
+    q, k, v = make(2, grid, 2, D, dtype, device, "relu")
+    mix = torch.rand(2, 6, 6, device=device)
+    tables = rope_tables(N, D, device) if rope else None
+    r = mhla_dense(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu",
+                   rope=None if tables is None else tuple(t.double() for t in tables))
+    with torch.no_grad(), launch_settings("dense", BS=bs, fill=False, short_tokens=0), \
+            launch_settings("dense_split", BS=bs):
+        o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense", rope=tables)
+    (launch,) = recorder.launches
+    assert (launch["BS"], launch["TAIL"]) == (bs, tail)
+    assert rel_err(o, r) < (1e-4 if dtype == torch.float32 else 2e-3)
+    assert [triton_op.dense_tail(N, 64, 64, False) for N in (196, 256, 200, 239)] == [16, 0, 16, 0]
+    assert triton_op.dense_tail(196, 64, 64, True) == triton_op.dense_tail(196, 64, 256, False) == 0
+
+
+@pytest.mark.parametrize("grid,D,dtype,per_head", [((5, 9), 16, torch.float16, True),
+                                                   ((3, 13), 72, torch.float16, False)])
+def test_the_dense_backward_walks_the_last_rows_in_a_narrower_step(device, monkeypatch, grid, D, dtype, per_head):
+    """Both kernels of the dense backward walk the rows past the last multiple of their step in one narrower step
+    (``dense_tail``: 45 and 39 tokens in steps of 32 end with a step of 16), and the gradients of q, k, v and Mc
+    match the fp64 reference's."""
+    monkeypatch.setattr(triton_op, "_plans", {})
+    names = ("dense_query_grad_kernel", "dense_key_grad_kernel")
+    recorders = [LaunchRecorder(getattr(triton_op, n)) for n in names]
+    for name, recorder in zip(names, recorders):
+        monkeypatch.setattr(triton_op, name, recorder)
+    blocks = (2, 3)
+    q, k, v = make(1, grid, 2, D, dtype, device, "relu")
+    mix = torch.rand((2, 6, 6) if per_head else (6, 6), device=device)
+    g = torch.randn_like(q)
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    with launch_settings("dense_grad", BT=32, BS=32):
+        o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="dense")
+        got = torch.autograd.grad(o, inputs, g)
+    want = torch.autograd.grad(mhla_dense(*refs, grid, blocks, feature_map="relu"), refs, g.double())
+    for r in recorders:
+        (launch,) = r.launches
+        assert (launch["BS"], launch["TAIL"]) == (32, 16)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 5e-3
+
+
 def test_plans_are_made_once_per_shapes_and_settings(device, monkeypatch):
     """The op works out its launches once per call pattern: a second call with the same shapes, strides, dtypes,
     options and launch settings reuses the first call's plan; other strides and other launch settings get plans

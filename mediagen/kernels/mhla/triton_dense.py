@@ -18,6 +18,9 @@ launch settings).
 SAVE (normalised, ahead of the dense backward, triton_dense_grad.py): each row's 1 / den_t goes to INV (B*H, N,
 fp32) and, with LO_PART (half-precision o), what rounding o to its dtype lost, o_fp32 - o, to LO (bf16, o's
 layout): o + lo carries o to about 2^-16 relative, which g.o in the backward needs.
+TAIL > 0: the keys past the last multiple of BS are walked in one step of TAIL keys (``triton_op.dense_tail``: fewer
+than half a step, rounded up to a power of two) instead of a whole masked step of BS; the dense backward's walks
+do the same (triton_dense_grad.py).
 CK0 > 0 (sampling, nothing saved): the layer's conditional positional encoding is added to o before it is stored,
 o_t += bias + sum_taps w[tap] * v[t + offset(tap)], a depthwise convolution of v over the token grid (CK0 x CK1 x
 CK2 taps, G1 x G2 the grid's last two axes; kernels/cpe.py has the same sum as a launch of its own). The channel
@@ -71,6 +74,64 @@ def _positional(o, vbase, rows, rmask, cols, cmask, svn, svd, CW, CB, channel0, 
 
 
 @triton.jit
+def _key_step(acc, acc2, den, s0, BS: tl.constexpr, qn, qf, qn2, qf2, mix_rows, mix_row, rmask, m, kbase, vbase,
+              skn, skd, svn, svd, COS, SIN, sct, scj, sst, ssj, BLK, d, d2, dmask, N, D: tl.constexpr,
+              BD: tl.constexpr, BD2: tl.constexpr, ONEHOT: tl.constexpr, DEN_COL: tl.constexpr,
+              FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr):
+    """One step of the key walk: keys s0 .. s0 + BS - 1 (masked past N) added to acc (and acc2, the second head-dim
+    piece) and den; returns them."""
+    cols = s0 + tl.arange(0, BS)
+    cmask = cols < N
+    kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
+    kn = kf
+    if ROPE:
+        ck, sk = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, 0, BD // 2, D)
+        kn = rotate(kf, ck, sk, BS, BD, False)
+    vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd,
+                 mask=cmask[:, None] & dmask[None, :], other=0.0)
+    if DEN_COL:  # column D is padding (zeros): ones there make the product's column D = sum_s p_ts
+        # (not bool.to(bf16): wrong in the interpreter)
+        if BD2 > 0:  # (split only when D > BD: the column is in the second piece)
+            vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
+                          mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
+            vt2 = vt2 + tl.where(d2 == D, 1.0, 0.0).to(vt2.dtype)[None, :]
+        else:
+            vt = vt + tl.where(d == D, 1.0, 0.0).to(vt.dtype)[None, :]
+    elif BD2 > 0:
+        vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
+                      mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
+    bk = tl.load(BLK + cols, mask=cmask, other=0)
+    if ONEHOT:
+        onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
+        if IEEE:
+            w = tl.dot(mix_rows, tl.trans(onehot), input_precision="ieee")
+        else:
+            w = tl.dot(mix_rows, tl.trans(onehot))
+    else:
+        w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
+    scores = _scores(qn, kn, DOT_F32, IEEE)
+    if BD2 > 0:
+        kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
+        kn2 = kf2
+        if ROPE:
+            ck2, sk2 = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, BD // 2, BD2 // 2, D)
+            kn2 = rotate(kf2, ck2, sk2, BS, BD2, False)
+        scores += _scores(qn2, kn2, DOT_F32, IEEE)
+    p = scores * w
+    acc += _weighted_values(p, vt, DOT_F32, IEEE)
+    if BD2 > 0:
+        acc2 += _weighted_values(p, vt2, DOT_F32, IEEE)
+    if ROPE:  # the denominator's scores are the un-rotated ones
+        plain = _scores(qf, kf, DOT_F32, IEEE)
+        if BD2 > 0:
+            plain += _scores(qf2, kf2, DOT_F32, IEEE)
+        p = plain * w
+    if not DEN_COL:
+        den += tl.sum(p, axis=1)
+    return acc, acc2, den
+
+
+@triton.jit
 def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO, CW, CB,
                          sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sob, son, soh, sod,
                          sct, scj, sst, ssj,
@@ -81,7 +142,7 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO, CW, CB,
                          IEEE: tl.constexpr, ROPE: tl.constexpr, AL: tl.constexpr,
                          SAVE: tl.constexpr = False, LO_PART: tl.constexpr = False,
                          CK0: tl.constexpr = 0, CK1: tl.constexpr = 1, CK2: tl.constexpr = 1,
-                         CPE_BIAS: tl.constexpr = False):
+                         CPE_BIAS: tl.constexpr = False, TAIL: tl.constexpr = 0):
     # row strides arrive divided by AL (triton_chunked.py's module doc says why)
     sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
     svb, svn, svh, sob, son, soh = svb * AL, svn * AL, svh * AL, sob * AL, son * AL, soh * AL
@@ -124,55 +185,22 @@ def dense_forward_kernel(Q, K, V, MIX, BLK, O, COS, SIN, INV, LO, CW, CB,
     den = tl.zeros((BT,), dtype=tl.float32)
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
-    for s0 in range(0, N, BS):
-        cols = s0 + tl.arange(0, BS)
-        cmask = cols < N
-        kt, kf = _feature_tile(kbase, cols, cmask, skn, d, skd, D, FEATURE)
-        kn = kf
-        if ROPE:
-            ck, sk = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, 0, BD // 2, D)
-            kn = rotate(kf, ck, sk, BS, BD, False)
-        vt = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d[None, :] * svd,
-                     mask=cmask[:, None] & dmask[None, :], other=0.0)
-        if DEN_COL:  # column D is padding (zeros): ones there make the product's column D = sum_s p_ts
-            # (not bool.to(bf16): wrong in the interpreter)
-            if BD2 > 0:  # (split only when D > BD: the column is in the second piece)
-                vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
-                              mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
-                vt2 = vt2 + tl.where(d2 == D, 1.0, 0.0).to(vt2.dtype)[None, :]
-            else:
-                vt = vt + tl.where(d == D, 1.0, 0.0).to(vt.dtype)[None, :]
-        elif BD2 > 0:
-            vt2 = tl.load(vbase + cols[:, None].to(tl.int64) * svn + d2[None, :] * svd,
-                          mask=cmask[:, None] & (d2 < D)[None, :], other=0.0)
-        bk = tl.load(BLK + cols, mask=cmask, other=0)
-        if ONEHOT:
-            onehot = tl.where((bk[:, None] == m[None, :]) & cmask[:, None], 1.0, 0.0)
-            if IEEE:
-                w = tl.dot(mix_rows, tl.trans(onehot), input_precision="ieee")
-            else:
-                w = tl.dot(mix_rows, tl.trans(onehot))
-        else:
-            w = tl.load(mix_row[:, None] + bk[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
-        scores = _scores(qn, kn, DOT_F32, IEEE)
-        if BD2 > 0:
-            kt2, kf2 = _feature_tile(kbase, cols, cmask, skn, d2, skd, D, FEATURE)
-            kn2 = kf2
-            if ROPE:
-                ck2, sk2 = rope_tables(COS, SIN, cols.to(tl.int64), cmask, sct, scj, sst, ssj, BD // 2, BD2 // 2, D)
-                kn2 = rotate(kf2, ck2, sk2, BS, BD2, False)
-            scores += _scores(qn2, kn2, DOT_F32, IEEE)
-        p = scores * w
-        acc += _weighted_values(p, vt, DOT_F32, IEEE)
-        if BD2 > 0:
-            acc2 += _weighted_values(p, vt2, DOT_F32, IEEE)
-        if ROPE:  # the denominator's scores are the un-rotated ones
-            plain = _scores(qf, kf, DOT_F32, IEEE)
-            if BD2 > 0:
-                plain += _scores(qf2, kf2, DOT_F32, IEEE)
-            p = plain * w
-        if not DEN_COL:
-            den += tl.sum(p, axis=1)
+    if BD2 == 0:  # (placeholders for the second piece's arguments, unused)
+        d2, qn2, qf2, acc2 = d, qn, qf, 0.0  # (a scalar: a tile would be carried through the walk)
+    if not ONEHOT:  # (placeholders, unused)
+        m, mix_rows = d, acc
+    if TAIL > 0:  # full steps, then the last N % BS keys in one step of TAIL
+        full = N // BS * BS
+    else:
+        full = N
+    for s0 in range(0, full, BS):
+        acc, acc2, den = _key_step(acc, acc2, den, s0, BS, qn, qf, qn2, qf2, mix_rows, mix_row, rmask, m, kbase,
+                                   vbase, skn, skd, svn, svd, COS, SIN, sct, scj, sst, ssj, BLK, d, d2, dmask, N, D,
+                                   BD, BD2, ONEHOT, DEN_COL, FEATURE, DOT_F32, IEEE, ROPE)
+    if TAIL > 0:
+        acc, acc2, den = _key_step(acc, acc2, den, full, TAIL, qn, qf, qn2, qf2, mix_rows, mix_row, rmask, m, kbase,
+                                   vbase, skn, skd, svn, svd, COS, SIN, sct, scj, sst, ssj, BLK, d, d2, dmask, N, D,
+                                   BD, BD2, ONEHOT, DEN_COL, FEATURE, DOT_F32, IEEE, ROPE)
     if DEN_COL:
         if BD2 > 0:
             den = tl.sum(tl.where((d2 == D)[None, :], acc2, 0.0), axis=1)

@@ -20,7 +20,8 @@ g_t.o_t goes to memory (GO) for:
 dense_key_grad_kernel, program (batch x head, tile of BT keys): one walk over the queries makes dk and dv.
 Both subtract in fp32 per pair and round only dp w (a difference already taken) for the products.
 Head dims split as in the dense forward (triton_dense.py: BD + BD2 columns, DiT's 72 as 64 + 16); the
-strides arrive divided by AL (triton_chunked.py's module doc). The dMc parts are summed outside.
+strides arrive divided by AL (triton_chunked.py's module doc); TAIL as in the forward, for both walks. The dMc
+parts are summed outside.
 """
 
 import triton
@@ -102,6 +103,32 @@ def _row_dot(gt, obase, lobase, rows, rmask, son, cols, sod, D: tl.constexpr, LO
 
 
 @triton.jit
+def _query_grad_step(acc, acc2, part, s0, BS: tl.constexpr, qf, gt, qf2, gt2, go, inv, mix_rows, m, kbase, vbase,
+                     skn, skd, svn, svd, BLK, d, d2, N, D: tl.constexpr, BD2: tl.constexpr, FEATURE: tl.constexpr,
+                     DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """One step of dense_query_grad_kernel's key walk (keys s0 .. s0 + BS - 1, masked past N): returns acc, acc2
+    and part with the step's terms added."""
+    cols = s0 + tl.arange(0, BS)
+    cmask = cols < N
+    kt, kf, vt, s, gv = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, D, qf, gt, FEATURE,
+                                       DOT_F32, IEEE)
+    if BD2 > 0:
+        kt2, kf2, vt2, s2, gv2 = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d2, D, qf2, gt2,
+                                                FEATURE, DOT_F32, IEEE)
+        s += s2
+        gv += gv2
+    onehot = _onehot(tl.load(BLK + cols, mask=cmask, other=0), cmask, m)
+    w = _weights(mix_rows, onehot, IEEE)
+    dp = (gv - go[:, None]) * inv[:, None]
+    a = dp * w
+    acc += _weighted_values(a, kf, DOT_F32, IEEE)
+    if BD2 > 0:
+        acc2 += _weighted_values(a, kf2, DOT_F32, IEEE)
+    part += _block_sums(dp * s, onehot, IEEE)
+    return acc, acc2, part
+
+
+@triton.jit
 def dense_query_grad_kernel(Q, K, V, G, O, LO, MIX, BLK, INV, DQ, GO, DMIX,
                             sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                             sob, son, soh, sod,
@@ -109,7 +136,7 @@ def dense_query_grad_kernel(Q, K, V, G, O, LO, MIX, BLK, INV, DQ, GO, DMIX,
                             BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                             BM: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
                             DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr,
-                            LO_PART: tl.constexpr = False):
+                            LO_PART: tl.constexpr = False, TAIL: tl.constexpr = 0):
     # row strides arrive divided by AL; O, LO and DQ have the strides so* (contiguous, as the op allocates them)
     sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
     svb, svn, svh, sgb, sgn, sgh = svb * AL, svn * AL, svh * AL, sgb * AL, sgn * AL, sgh * AL
@@ -152,24 +179,19 @@ def dense_query_grad_kernel(Q, K, V, G, O, LO, MIX, BLK, INV, DQ, GO, DMIX,
     if BD2 > 0:
         acc2 = tl.zeros((BT, BD2), dtype=tl.float32)
     part = tl.zeros((BT, BM), dtype=tl.float32)  # sum_s dp_ts s_ts per key block
-    for s0 in range(0, N, BS):
-        cols = s0 + tl.arange(0, BS)
-        cmask = cols < N
-        kt, kf, vt, s, gv = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, D, qf, gt, FEATURE,
-                                           DOT_F32, IEEE)
-        if BD2 > 0:
-            kt2, kf2, vt2, s2, gv2 = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d2, D, qf2, gt2,
-                                                    FEATURE, DOT_F32, IEEE)
-            s += s2
-            gv += gv2
-        onehot = _onehot(tl.load(BLK + cols, mask=cmask, other=0), cmask, m)
-        w = _weights(mix_rows, onehot, IEEE)
-        dp = (gv - go[:, None]) * inv[:, None]
-        a = dp * w
-        acc += _weighted_values(a, kf, DOT_F32, IEEE)
-        if BD2 > 0:
-            acc2 += _weighted_values(a, kf2, DOT_F32, IEEE)
-        part += _block_sums(dp * s, onehot, IEEE)
+    if BD2 == 0:  # (placeholders for the second piece's arguments, unused)
+        d2, qf2, gt2, acc2 = d, qf, gt, 0.0  # (a scalar: a tile would be carried through the walk)
+    if TAIL > 0:  # full steps, then the last N % BS keys in one step of TAIL (triton_dense.py)
+        full = N // BS * BS
+    else:
+        full = N
+    for s0 in range(0, full, BS):
+        acc, acc2, part = _query_grad_step(acc, acc2, part, s0, BS, qf, gt, qf2, gt2, go, inv, mix_rows, m, kbase,
+                                           vbase, skn, skd, svn, svd, BLK, d, d2, N, D, BD2, FEATURE, DOT_F32, IEEE)
+    if TAIL > 0:
+        acc, acc2, part = _query_grad_step(acc, acc2, part, full, TAIL, qf, gt, qf2, gt2, go, inv, mix_rows, m,
+                                           kbase, vbase, skn, skd, svn, svd, BLK, d, d2, N, D, BD2, FEATURE, DOT_F32,
+                                           IEEE)
     obase = DQ + ooff + rows[:, None].to(tl.int64) * son
     dq = acc * feature_grad(qt.to(tl.float32), FEATURE)
     tl.store(obase + d[None, :] * sod, dq.to(DQ.dtype.element_ty), mask=rmask[:, None] & (d < D)[None, :])
@@ -183,13 +205,47 @@ def dense_query_grad_kernel(Q, K, V, G, O, LO, MIX, BLK, INV, DQ, GO, DMIX,
 
 
 @triton.jit
+def _key_grad_step(dk, dv, dk2, dv2, t0, BS: tl.constexpr, kf, vt, kf2, vt2, mix_cols, m, qbase, gbase, sqn, sqd,
+                   sgn, sgd, BLK, INV, GO, row, scale, d, d2, N, D: tl.constexpr, BD2: tl.constexpr,
+                   FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """One step of dense_key_grad_kernel's query walk (queries t0 .. t0 + BS - 1, masked past N): returns dk, dv,
+    dk2 and dv2 with the step's terms added."""
+    rows = t0 + tl.arange(0, BS)
+    rmask = rows < N
+    # (keys, queries) products
+    qt, qf, gt, s, vg = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d, D, kf, vt, FEATURE,
+                                       DOT_F32, IEEE)
+    if BD2 > 0:
+        qt2, qf2, gt2, s2, vg2 = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d2, D, kf2, vt2,
+                                                FEATURE, DOT_F32, IEEE)
+        s += s2
+        vg += vg2
+    w = _weights(mix_cols, _onehot(tl.load(BLK + rows, mask=rmask, other=0), rmask, m), IEEE)
+    if NORMALIZE:
+        inv = tl.load(INV + row + rows, mask=rmask, other=0.0)
+        go = tl.load(GO + row + rows, mask=rmask, other=0.0)
+        dp = (vg - go[None, :]) * inv[None, :]
+        pv = s * w * inv[None, :]
+    else:
+        dp = vg * scale
+        pv = s * w * scale
+    a = dp * w
+    dk += _weighted_values(a, qf, DOT_F32, IEEE)
+    dv += _weighted_values(pv, gt, DOT_F32, IEEE)
+    if BD2 > 0:
+        dk2 += _weighted_values(a, qf2, DOT_F32, IEEE)
+        dv2 += _weighted_values(pv, gt2, DOT_F32, IEEE)
+    return dk, dv, dk2, dv2
+
+
+@triton.jit
 def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, INV, GO, DK, DV,
                           sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                           sob, son, soh, sod,
                           N, H, D: tl.constexpr, M, mix_head_stride, scale,
                           BD: tl.constexpr, BD2: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                           BM: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
-                          DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr):
+                          DOT_F32: tl.constexpr, IEEE: tl.constexpr, AL: tl.constexpr, TAIL: tl.constexpr = 0):
     # DK and DV share the strides so* (contiguous)
     sqb, sqn, sqh, skb, skn, skh = sqb * AL, sqn * AL, sqh * AL, skb * AL, skn * AL, skh * AL
     svb, svn, svh, sgb, sgn, sgh = svb * AL, svn * AL, svh * AL, sgb * AL, sgn * AL, sgh * AL
@@ -223,32 +279,20 @@ def dense_key_grad_kernel(Q, K, V, G, MIX, BLK, INV, GO, DK, DV,
         dk2 = tl.zeros((BT, BD2), dtype=tl.float32)
         dv2 = tl.zeros((BT, BD2), dtype=tl.float32)
     row = bh.to(tl.int64) * N
-    for t0 in range(0, N, BS):
-        rows = t0 + tl.arange(0, BS)
-        rmask = rows < N
-        # (keys, queries) products
-        qt, qf, gt, s, vg = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d, D, kf, vt, FEATURE,
-                                           DOT_F32, IEEE)
-        if BD2 > 0:
-            qt2, qf2, gt2, s2, vg2 = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d2, D, kf2, vt2,
-                                                    FEATURE, DOT_F32, IEEE)
-            s += s2
-            vg += vg2
-        w = _weights(mix_cols, _onehot(tl.load(BLK + rows, mask=rmask, other=0), rmask, m), IEEE)
-        if NORMALIZE:
-            inv = tl.load(INV + row + rows, mask=rmask, other=0.0)
-            go = tl.load(GO + row + rows, mask=rmask, other=0.0)
-            dp = (vg - go[None, :]) * inv[None, :]
-            pv = s * w * inv[None, :]
-        else:
-            dp = vg * scale
-            pv = s * w * scale
-        a = dp * w
-        dk += _weighted_values(a, qf, DOT_F32, IEEE)
-        dv += _weighted_values(pv, gt, DOT_F32, IEEE)
-        if BD2 > 0:
-            dk2 += _weighted_values(a, qf2, DOT_F32, IEEE)
-            dv2 += _weighted_values(pv, gt2, DOT_F32, IEEE)
+    if BD2 == 0:  # (placeholders for the second piece's arguments, unused)
+        d2, kf2, vt2, dk2, dv2 = d, kf, vt, 0.0, 0.0  # (scalars: tiles would be carried through the walk)
+    if TAIL > 0:  # full steps, then the last N % BS queries in one step of TAIL (triton_dense.py)
+        full = N // BS * BS
+    else:
+        full = N
+    for t0 in range(0, full, BS):
+        dk, dv, dk2, dv2 = _key_grad_step(dk, dv, dk2, dv2, t0, BS, kf, vt, kf2, vt2, mix_cols, m, qbase, gbase, sqn,
+                                          sqd, sgn, sgd, BLK, INV, GO, row, scale, d, d2, N, D, BD2, FEATURE,
+                                          NORMALIZE, DOT_F32, IEEE)
+    if TAIL > 0:
+        dk, dv, dk2, dv2 = _key_grad_step(dk, dv, dk2, dv2, full, TAIL, kf, vt, kf2, vt2, mix_cols, m, qbase, gbase,
+                                          sqn, sqd, sgn, sgd, BLK, INV, GO, row, scale, d, d2, N, D, BD2, FEATURE,
+                                          NORMALIZE, DOT_F32, IEEE)
     kmask = cmask[:, None] & (d < D)[None, :]
     obase = b.to(tl.int64) * sob + h * soh + cols[:, None].to(tl.int64) * son
     tl.store(DK + obase + d[None, :] * sod, (dk * feature_grad(kt.to(tl.float32), FEATURE)).to(DK.dtype.element_ty),

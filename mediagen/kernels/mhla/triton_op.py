@@ -405,12 +405,27 @@ def _dense_launch(settings, shape, dtype, strides, tstrides, M, per_head, normal
     al = _stride_unit_of(*strides, o_stride)
     rows = tuple(s for st in (*strides, o_stride) for s in _row_strides_of(st, al))
     (_, G1, G2), (K0, K1, K2), bias = cpe or ((1, 1, 1), (0, 1, 1), False)
+    tiles["TAIL"] = dense_tail(N, tiles["BS"], tiles["BD"] + tiles["BD2"], dtype == torch.float32)
     return CachedLaunch(
         (B * H, _cdiv(N, tiles["BT"])),
         (*rows, *(tstrides or (0, 0, 0, 0)), N, H, D, M, M * M if per_head else 0, eps, scale, G1, G2),
         dict(**tiles, BM=max(16, _next_pow2(M)), ONEHOT=settings["dense"].onehot and M <= 128, FEATURE=fcode,
              NORMALIZE=normalize, DOT_F32=ieee or _interpreting(), IEEE=ieee, ROPE=rope, AL=al, SAVE=save,
              LO_PART=save and not ieee, CK0=K0, CK1=K1, CK2=K2, CPE_BIAS=bias, num_warps=warps, num_stages=stages))
+
+
+def dense_tail(N: int, BS: int, width: int, fp32: bool) -> int:
+    """The keys (the dense backward: rows) of the dense kernels' last step when fewer than BS: N % BS rounded up to
+    a power of two (16 at least; 0 when that is BS or N is a multiple of BS). The full steps then stop at the last
+    multiple of BS. Half-precision inputs with head-dim tiles of at most 128 columns (``width``, both pieces), where
+    it was measured; other inputs keep whole steps. At image-mhla's 196 tokens (64-key steps) the last step reads 16
+    keys instead of 64: the forward 32.1 against 34.6 us at B = 128, 10.7 against 11.8 at B = 32, 7.0 against 7.8 at
+    B = 8 (H200, bf16, CUDA graph; benchmarks/RESULTS.md, kernel launch settings)."""
+    rest = N % BS
+    if fp32 or width > 128 or not rest:
+        return 0
+    tail = max(16, _next_pow2(rest))
+    return tail if tail < BS else 0
 
 
 def _cpe_pays(grid: tuple, sms: Optional[int]) -> bool:
@@ -442,7 +457,13 @@ def dense_grad_tiles(settings, D: int, dtype) -> dict:
     fp32 = dtype == torch.float32
     BD, BD2 = dense_head_pieces(D, False) if not fp32 else (max(16, _next_pow2(D)), 0)
     BT, BS = (min(c.BT, 32), min(c.BS, 32)) if fp32 or BD > 128 else (c.BT, c.BS)
-    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=c.warps, stages=c.stages)
+    stages = c.stages
+    if fp32 and BD > 128:
+        # fp32 tiles of 256 columns (head dims 129-256): 32 rows and 32 per step with 3 stages ask for 237,824 bytes
+        # of shared memory (the H200 has 232,448) and spill 15 KB; 16 and 16 with 2 stages take 85,056 and spill
+        # 416-648 bytes (benchmarks/kernel_resources.py's compile, sm_90a)
+        BT, BS, stages = min(BT, 16), min(BS, 16), min(stages, 2)
+    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=c.warps, stages=stages)
 
 
 def _dense_backward(keep: bool, rope: bool, M: int) -> bool:
@@ -469,7 +490,9 @@ def _dense_grad_launch(settings, shape, dtype, strides, M, per_head, normalize, 
     al = _stride_unit_of(*strides, own)
     rows = tuple(s for st in (*strides, own) for s in _row_strides_of(st, al))
     consts = dict(**tiles, BM=max(16, _next_pow2(M)), FEATURE=fcode, NORMALIZE=normalize,
-                  DOT_F32=ieee or _interpreting(), IEEE=ieee, AL=al, num_warps=warps, num_stages=stages)
+                  DOT_F32=ieee or _interpreting(), IEEE=ieee, AL=al,
+                  TAIL=dense_tail(N, tiles["BS"], tiles["BD"] + tiles["BD2"], ieee),
+                  num_warps=warps, num_stages=stages)
     head = M * M if per_head else 0
     return _DenseGradLaunch(
         CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, scale),
