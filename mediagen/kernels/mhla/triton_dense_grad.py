@@ -63,6 +63,22 @@ def _step_products(fbase, rbase, rows, rmask, sfn, sfd, srn, srd, cols, D: tl.co
 
 
 @triton.jit
+def _both_pieces(fbase, rbase, rows, rmask, sfn, sfd, srn, srd, d, d2, D: tl.constexpr, xf, xr, xf2, xr2,
+                 BD2: tl.constexpr, FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """``_step_products`` over the head dim's one or two pieces: (phi operand, second tile) of each piece (the
+    first piece's again in place of a second one) and the two products summed over the pieces."""
+    ft, ff, rt, s, x = _step_products(fbase, rbase, rows, rmask, sfn, sfd, srn, srd, d, D, xf, xr, FEATURE,
+                                      DOT_F32, IEEE)
+    ff2, rt2 = ff, rt
+    if BD2 > 0:
+        ft2, ff2, rt2, s2, x2 = _step_products(fbase, rbase, rows, rmask, sfn, sfd, srn, srd, d2, D, xf2, xr2,
+                                               FEATURE, DOT_F32, IEEE)
+        s += s2
+        x += x2
+    return ff, rt, ff2, rt2, s, x
+
+
+@triton.jit
 def _onehot(ids, mask, m):
     """(rows, BM) fp32 indicators of each row's block id (0 on masked rows)."""
     return tl.where((ids[:, None] == m[None, :]) & mask[:, None], 1.0, 0.0)
@@ -110,13 +126,8 @@ def _query_grad_step(acc, acc2, part, s0, BS: tl.constexpr, qf, gt, qf2, gt2, go
     and part with the step's terms added."""
     cols = s0 + tl.arange(0, BS)
     cmask = cols < N
-    kt, kf, vt, s, gv = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, D, qf, gt, FEATURE,
-                                       DOT_F32, IEEE)
-    if BD2 > 0:
-        kt2, kf2, vt2, s2, gv2 = _step_products(kbase, vbase, cols, cmask, skn, skd, svn, svd, d2, D, qf2, gt2,
-                                                FEATURE, DOT_F32, IEEE)
-        s += s2
-        gv += gv2
+    kf, vt, kf2, vt2, s, gv = _both_pieces(kbase, vbase, cols, cmask, skn, skd, svn, svd, d, d2, D, qf, gt, qf2, gt2,
+                                           BD2, FEATURE, DOT_F32, IEEE)
     onehot = _onehot(tl.load(BLK + cols, mask=cmask, other=0), cmask, m)
     w = _weights(mix_rows, onehot, IEEE)
     dp = (gv - go[:, None]) * inv[:, None]
@@ -213,13 +224,8 @@ def _key_grad_step(dk, dv, dk2, dv2, t0, BS: tl.constexpr, kf, vt, kf2, vt2, mix
     rows = t0 + tl.arange(0, BS)
     rmask = rows < N
     # (keys, queries) products
-    qt, qf, gt, s, vg = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d, D, kf, vt, FEATURE,
-                                       DOT_F32, IEEE)
-    if BD2 > 0:
-        qt2, qf2, gt2, s2, vg2 = _step_products(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d2, D, kf2, vt2,
-                                                FEATURE, DOT_F32, IEEE)
-        s += s2
-        vg += vg2
+    qf, gt, qf2, gt2, s, vg = _both_pieces(qbase, gbase, rows, rmask, sqn, sqd, sgn, sgd, d, d2, D, kf, vt, kf2, vt2,
+                                           BD2, FEATURE, DOT_F32, IEEE)
     w = _weights(mix_cols, _onehot(tl.load(BLK + rows, mask=rmask, other=0), rmask, m), IEEE)
     if NORMALIZE:
         inv = tl.load(INV + row + rows, mask=rmask, other=0.0)
