@@ -419,7 +419,7 @@ def dense_tail(N: int, BS: int, width: int, fp32: bool) -> int:
     a power of two (16 at least; 0 when that is BS or N is a multiple of BS). The full steps then stop at the last
     multiple of BS. Half-precision inputs with head-dim tiles of at most 128 columns (``width``, both pieces), where
     it was measured; other inputs keep whole steps. At image-mhla's 196 tokens (64-key steps) the last step reads 16
-    keys instead of 64: the forward 32.1 against 34.6 us at B = 128, 10.7 against 11.8 at B = 32, 7.0 against 7.8 at
+    keys instead of 64: the forward 32.2 against 34.6 us at B = 128, 10.7 against 11.8 at B = 32, 7.0 against 7.8 at
     B = 8 (H200, bf16, CUDA graph; benchmarks/RESULTS.md, kernel launch settings)."""
     rest = N % BS
     if fp32 or width > 128 or not rest:
