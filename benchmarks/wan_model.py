@@ -22,11 +22,13 @@ import math
 import warnings
 
 import torch
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 import mediagen
 from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
 from mediagen.eval.timing import measure
 from mediagen.models.attention_spec import AttentionSpec
+from mediagen.models.converted import CONFIG_KEY
 from mediagen.models.latent_grid import LatentGrids
 from mediagen.models.presets import build_transformer, preset
 from mediagen.models.processors import WanMHLAProcessor
@@ -41,10 +43,29 @@ class NoSelfAttention:
         return torch.zeros_like(hidden_states)
 
 
+def reset_self_attention(model):
+    """Every self-attention layer back to a fresh stock (softmax) processor, and the model's record of
+    its conversion dropped, so that the next variant builds every layer from scratch.
+
+    ``mediagen.convert`` leaves a layer alone when its recorded attention and options already are the
+    ones asked (that keeps trained weights), and it does not know the processors set here by hand
+    (``NoSelfAttention``, ``ProjectionsOnly``), which are recorded as "sdpa". Without this reset a
+    variant that follows one of them inherits its layers: "sdpa" after "no-self-attn" measured no
+    attention at all."""
+    for block in model.blocks:
+        block.attn1.set_processor(WanAttnProcessor())
+    if model.config.get(CONFIG_KEY) is not None:
+        model.register_to_config(**{CONFIG_KEY: None})
+
+
 def set_variant(model, variant: str, grid, blocks):
-    """sdpa lets torch pick its backend (cuDNN on an H200); sdpa-flash forces FlashAttention: the
+    """Give every self-attention layer of ``model`` the processor of ``variant``, whatever variant it ran
+    before. sdpa lets torch pick its backend (cuDNN on an H200); sdpa-flash forces FlashAttention: the
     flash_attn package when it imports, else torch's flash backend."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not allowed: use one of {VARIANTS}")
     model.reset_attention_backend()
+    reset_self_attention(model)
     if variant == "sdpa-flash":
         mediagen.convert(model, "sdpa", reinit=True)
         model.set_attention_backend("flash" if importlib.util.find_spec("flash_attn") else "_native_flash")
