@@ -8,6 +8,7 @@ import torch
 
 from mediagen.kernels import mhla, mhla_reference, token_block_ids
 from mediagen.kernels.mhla.layout import block_bounds
+from mhla_oracle import block_ids as oracle_block_ids
 from mhla_oracle import mhla_dense
 
 CASES = [  # grid, blocks (ragged ones included)
@@ -26,6 +27,12 @@ def rand_inputs(B, grid, H, D, dtype=torch.float64, positive=True, gen=None):
         q, k = q * 2 - 1, k * 2 - 1
     v = torch.randn(B, N, H, D, dtype=dtype, generator=gen)
     return q, k, v
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Inputs are drawn from the global generator, seeded at every test's start so that a failure reproduces."""
+    torch.manual_seed(0)
 
 
 @pytest.mark.parametrize("grid,blocks", CASES)
@@ -51,13 +58,76 @@ def test_reference_feature_maps(feature_map):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-def test_block_ids_follow_floor_spans():
-    for _ in range(50):
-        L = random.randint(1, 40)
-        b = random.randint(1, L)
-        ids = token_block_ids((L,), (b,)).tolist()
-        for j, (s, e) in enumerate(block_bounds(L, b)):
-            assert e > s and ids[s:e] == [j] * (e - s)
+# The README's rule, written out: along an axis of length L cut into b blocks, block j spans
+# [floor(j*L/b), floor((j+1)*L/b)). Sizes computed by hand, so a change of the rule (ceil, round, the
+# remainder put first) in the package or in the oracle is caught, not carried along by both.
+AXIS_SIZES = [  # L, b, block sizes along the axis
+    (7, 3, [2, 2, 3]),
+    (10, 4, [2, 3, 2, 3]),
+    (9, 4, [2, 2, 2, 3]),
+    (13, 5, [2, 3, 2, 3, 3]),
+    (5, 2, [2, 3]),
+    (11, 3, [3, 4, 4]),
+    (6, 6, [1, 1, 1, 1, 1, 1]),
+    (4, 1, [4]),
+    (37, 5, [7, 7, 8, 7, 8]),
+]
+
+
+def _runs(ids):
+    """Lengths of the runs of equal consecutive values, and the values: [0, 0, 1] -> ([2, 1], [0, 1])."""
+    sizes, values = [], []
+    for x in ids:
+        if values and values[-1] == x:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+            values.append(x)
+    return sizes, values
+
+
+@pytest.mark.parametrize("L,b,sizes", AXIS_SIZES)
+def test_block_sizes_along_an_axis_follow_the_floor_rule(L, b, sizes):
+    assert sum(sizes) == L and len(sizes) == b
+    for name, ids in (("package", token_block_ids((L,), (b,)).tolist()), ("oracle", oracle_block_ids((L,), (b,)).tolist())):
+        assert _runs(ids) == (sizes, list(range(b))), f"{name}: L={L}, b={b} gives {ids}"
+    starts = [sum(sizes[:j]) for j in range(b)]
+    assert block_bounds(L, b) == [(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def test_block_ids_of_a_ragged_2d_grid():
+    """grid (5, 7), blocks (2, 3): rows in blocks of 2, 3; columns in blocks of 2, 2, 3; ids row-major."""
+    want = torch.tensor([
+        [0, 0, 1, 1, 2, 2, 2],
+        [0, 0, 1, 1, 2, 2, 2],
+        [3, 3, 4, 4, 5, 5, 5],
+        [3, 3, 4, 4, 5, 5, 5],
+        [3, 3, 4, 4, 5, 5, 5],
+    ])
+    assert torch.equal(token_block_ids((5, 7), (2, 3)).view(5, 7), want)
+    assert torch.equal(oracle_block_ids((5, 7), (2, 3)).view(5, 7), want)
+
+
+def test_block_ids_of_a_ragged_3d_grid():
+    """grid (3, 4, 5), blocks (2, 3, 2): frames in blocks of 1, 2; rows 1, 1, 2; columns 2, 3."""
+    frame, row, col = [0, 1, 1], [0, 1, 2, 2], [0, 0, 1, 1, 1]
+    want = torch.tensor([[[f * 6 + r * 2 + c for c in col] for r in row] for f in frame])
+    for ids in (token_block_ids((3, 4, 5), (2, 3, 2)), oracle_block_ids((3, 4, 5), (2, 3, 2))):
+        assert torch.equal(ids.view(3, 4, 5), want)
+        # tokens per block: the products of the axes' block sizes
+        assert torch.bincount(ids).tolist() == [2, 3, 2, 3, 4, 6, 4, 6, 4, 6, 8, 12]
+
+
+def test_package_block_ids_agree_with_the_rule_on_many_grids():
+    rng = random.Random(0)
+    for _ in range(60):
+        ndim = rng.randint(1, 3)
+        grid = tuple(rng.randint(1, 12) for _ in range(ndim))
+        blocks = tuple(rng.randint(1, g) for g in grid)
+        assert torch.equal(token_block_ids(grid, blocks), oracle_block_ids(grid, blocks)), (grid, blocks)
+        for L, b in zip(grid, blocks):  # blocks along an axis differ in size by at most one
+            sizes = [e - s for s, e in block_bounds(L, b)]
+            assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, (L, b, sizes)
 
 
 def test_block_ids_are_row_major_over_block_grid():
