@@ -1,4 +1,6 @@
-"""Pipelines on tiny random models: shapes and dtypes, seeds, every scheduler, callbacks, errors."""
+"""Pipelines on tiny random models: shapes and dtypes, seeds, every scheduler, the transformer's calls, outputs
+that agree across output types, callbacks, errors. What the loop computes is checked on stand-in models with
+closed-form samples in test_pipelines_sampling.py."""
 
 import numpy as np
 import pytest
@@ -35,13 +37,39 @@ def gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
+def record_timesteps(model):
+    """Every call's timestep tensor, recorded by a forward pre-hook on the transformer."""
+    seen = []
+
+    def hook(module, args, kwargs):
+        seen.append(kwargs["timestep"].detach().clone())
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen
+
+
+def assert_one_call_per_step(seen, steps, batch):
+    """One call per step, each at one timestep for the whole batch, from the noisy end down."""
+    assert len(seen) == steps, [t.tolist() for t in seen]
+    assert all(t.shape == (batch,) and bool((t == t[0]).all()) for t in seen), [t.tolist() for t in seen]
+    firsts = [float(t[0]) for t in seen]
+    assert all(a > b for a, b in zip(firsts, firsts[1:])), f"timesteps not strictly decreasing: {firsts}"
+
+
+def from_latents(latents):
+    """What the identity autoencoder's pixels become as np images in [0, 1]: (x / 2 + 0.5) clamped."""
+    return (latents / 2 + 0.5).clamp(0, 1)
+
+
 VIDEO = dict(height=8, width=8, num_frames=3, num_inference_steps=2)
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_class_image_every_scheduler(scheduler):
     pipe = dit_pipe(scheduler)
+    seen = record_timesteps(pipe.transformer)
     a = pipe([1, 7], num_inference_steps=2, output_type="np", generator=gen(0)).images
+    assert_one_call_per_step(seen, 2, batch=4)                    # guidance 4 (the default): the batch doubled
     b = pipe([1, 7], num_inference_steps=2, output_type="np", generator=gen(0)).images
     assert a.shape == (2, 8, 8, 1) and a.dtype == np.float32 and np.isfinite(a).all()
     assert 0 <= a.min() and a.max() <= 1
@@ -59,6 +87,10 @@ def test_class_image_output_types():
     assert len(pil) == 2 and pil[0].size == (8, 8)
     lat = pipe(3, num_inference_steps=2, output_type="latent", generator=gen(0)).images
     assert lat.shape == (1, 1, 8, 8)
+    # one sample, three forms: the latents decoded by the identity autoencoder, as a tensor and as an array
+    one = pipe([3], num_inference_steps=2, output_type="np", generator=gen(0)).images
+    torch.testing.assert_close(pt, from_latents(lat))
+    np.testing.assert_allclose(one[0, ..., 0], pt[0, 0].numpy(), rtol=1e-6, atol=1e-6)
     bigger = pipe([3], num_inference_steps=2, height=12, width=12, output_type="np", generator=gen(0)).images
     assert bigger.shape == (1, 12, 12, 1)  # another resolution: the grid follows
 
@@ -66,7 +98,9 @@ def test_class_image_output_types():
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_text_to_video_every_scheduler(scheduler):
     pipe = wan_pipe(scheduler=scheduler)
+    seen = record_timesteps(pipe.transformer)
     a = pipe("a moving digit", generator=gen(0), **VIDEO).frames
+    assert_one_call_per_step(seen, VIDEO["num_inference_steps"], batch=2)   # guidance 5: negative and positive
     b = pipe("a moving digit", generator=gen(0), **VIDEO).frames
     assert a.shape == (1, 3, 8, 8, 1) and a.dtype == np.float32 and np.isfinite(a).all()
     assert np.array_equal(a, b)
@@ -138,6 +172,14 @@ def test_text_to_image():
     assert images.shape == (2, 8, 12, 1)
     pil = pipe("a seven", height=8, width=8, num_inference_steps=2, generator=gen(0)).images
     assert len(pil) == 1 and pil[0].size == (8, 8)
+    latent = pipe(["a seven", "a one"], height=8, width=12, num_inference_steps=2, output_type="latent",
+                  generator=gen(0)).images
+    np.testing.assert_allclose(images, from_latents(latent[:, :, 0]).permute(0, 2, 3, 1).numpy(), rtol=1e-6,
+                               atol=1e-6)
+    seen = record_timesteps(pipe.transformer)
+    pipe("a seven", height=8, width=8, num_inference_steps=3, guidance_scale=1.0, output_type="latent",
+         generator=gen(0))
+    assert_one_call_per_step(seen, 3, batch=1)                      # no guidance: one pass, the batch as given
 
 
 def test_text_to_image_from_a_clip_is_its_middle_frame():
