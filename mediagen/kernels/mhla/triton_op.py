@@ -449,10 +449,15 @@ def cpe_form(weight, bias, grid, channels: int) -> tuple:
     return g3, k3, bias is not None
 
 
-def dense_grad_tiles(settings, D: int, dtype) -> dict:
+def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
     """The dense backward's tile constants: the head-dim pieces as the forward's (no padding column), BT rows
     per program and BS per step (at most 32 each for fp32 inputs, whose tiles are twice as wide), warps and
-    stages."""
+    stages. ``N`` (None: a long sequence): a sequence shorter than a tile takes tiles of N rounded up to a power
+    of two (16 at least), so that each walk is one whole step, without a tail step or a loop that runs no
+    step, and with no software pipelining (one stage: a single step has nothing to prefetch). The set tiles
+    there gave wrong gradients in half precision on the H200 (triton 3.6; N = 29, D = 96, BT = 128, a 32-key
+    tail after a loop of no steps, 3 stages: dq 0.47 off fp64, dMc 0.2 and once garbage) while Triton's
+    interpreter computed the same launch right."""
     c = settings["dense_grad"]
     fp32 = dtype == torch.float32
     BD, BD2 = dense_head_pieces(D, False) if not fp32 else (max(16, _next_pow2(D)), 0)
@@ -463,7 +468,15 @@ def dense_grad_tiles(settings, D: int, dtype) -> dict:
         # of shared memory (the H200 has 232,448) and spill 15 KB; 16 and 16 with 2 stages take 85,056 and spill
         # 416-648 bytes (benchmarks/kernel_resources.py's compile, sm_90a)
         BT, BS, stages = min(BT, 16), min(BS, 16), min(stages, 2)
-    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=c.warps, stages=stages)
+    warps = c.warps
+    if N is not None and N < max(BT, BS):
+        short = max(16, _next_pow2(N))
+        BT, BS = min(BT, short), min(BS, short)
+        if BS >= N:
+            stages = 1
+        if BT < 128:  # (as the dense forward's fill rule: 4 warps at most below 128 rows)
+            warps = min(warps, 4)
+    return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=warps, stages=stages)
 
 
 def _dense_backward(keep: bool, rope: bool, M: int) -> bool:
@@ -483,7 +496,7 @@ def _dense_grad_launch(settings, shape, dtype, strides, M, per_head, normalize, 
                        fcode) -> _DenseGradLaunch:
     """``strides``: those of q, k, v and the incoming gradient."""
     B, N, H, D = shape
-    tiles = dense_grad_tiles(settings, D, dtype)
+    tiles = dense_grad_tiles(settings, D, dtype, N)
     warps, stages, BT = tiles.pop("warps"), tiles.pop("stages"), tiles["BT"]
     ieee = dtype == torch.float32
     own = _contiguous(shape)  # dq, dk, dv
@@ -872,6 +885,12 @@ class _Plan:
         """The gradients of q, k, v and mix. Every summary is fp32 here (``summary_dtype``); after the dense
         forward sz and mixed are its inv and lo (``forward``). ``exchange``: as in ``forward``; dMc is then this
         process's share (its rows), which the processes' shares sum to."""
+        dq, dk, dv, dmix = self._gradients(g, q, k, v, mix, o, sz, mixed, cos, sin, exchange)
+        if self.M == 1 and self.args[3]:  # Mc cancels: exact zero (op.mix_gradient_cancels)
+            dmix = torch.zeros_like(dmix)
+        return dq, dk, dv, dmix
+
+    def _gradients(self, g, q, k, v, mix, o, sz, mixed, cos, sin, exchange):
         g_stride = g.stride()
         # (a forward that kept no inv, under other switches than now, is followed by the chunked backward)
         dense = self.dense_backward and (sz is not None or not self.args[3])
