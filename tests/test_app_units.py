@@ -130,6 +130,11 @@ def test_bad_values_name_the_field_value_and_range():
         limits.bounded_prompt("x" * 10000, limits.Limits(), "negative_prompt")
     with pytest.raises(gr.Error, match=r"guidance='x' is not allowed: guidance must be a number from 0 to 20"):
         limits.bounded_float("guidance", "x", 0.0, 20.0)
+    # Python counts True as 1: a boolean is not a number of steps
+    with pytest.raises(gr.Error, match=r"^steps=True is not allowed: steps must be a whole number from 1 to 50$"):
+        limits.bounded_int("steps", True, 1, 50)
+    with pytest.raises(gr.Error, match=r"^guidance=False is not allowed: guidance must be a number from 0 to 20$"):
+        limits.bounded_float("guidance", False, 0.0, 20.0)
 
 
 def test_rejections_log_one_line_without_a_traceback(caplog):
@@ -160,15 +165,101 @@ def test_limits_follow_the_device_and_the_patch_stride():
         limits.bounded_side("height", 4, 8, lim)
 
 
+# A request's cost as a 2-core CPU showed it for the video model: a pass costs 30 ms whatever its size, plus
+# 0.18 ms per token it carries; 0.3 s outside the steps. The time model must recover this from requests.
+FIXED_S, PASS_S, TOKEN_S = 0.3, 0.03, 0.00018
+
+
+def _true_seconds(steps, tokens):
+    return FIXED_S + steps * (PASS_S + TOKEN_S * tokens)
+
+
+def _record(budget, key, steps, tokens, slow=1.0):
+    step = slow * (PASS_S + TOKEN_S * tokens)
+    budget.record(key, steps, tokens, slow * FIXED_S + steps * step, [step + 0.2] + [step] * (steps - 1))
+
+
 def test_time_budget_refuses_past_the_bound_with_the_estimate():
-    budget = limits.TimeBudget(max_seconds=60)
-    work = limits.TimeBudget.work(steps=2, tokens=1000, batch=1, guidance=4.0)
-    assert budget.check(("video", "mhla"), work, steps=2) is None           # nothing measured yet: it runs
-    budget.record(("video", "mhla"), work, seconds=10.0)                    # 5 s a step
-    assert budget.check(("video", "mhla"), work * 5, steps=10) == pytest.approx(50.0)
-    with pytest.raises(gr.Error, match=r"steps=20: this request would take about 100 s here, past this server's "
-                                       r"60 s per request: use steps ≤ 12"):
-        budget.check(("video", "mhla"), work * 10, steps=20)
+    budget = limits.TimeBudget(max_seconds=50)
+    key = ("video", "mhla")
+    assert budget.check(key, 2, 2048) is None                               # nothing measured yet: it runs
+    _record(budget, key, 8, 2048)
+    _record(budget, key, 4, 512)
+    assert budget.check(key, 10, 1024) == pytest.approx(_true_seconds(10, 1024), rel=0.02)
+    fits = int((50 - FIXED_S) // (PASS_S + TOKEN_S * 16384))
+    with pytest.raises(gr.Error, match=rf"steps=20: this request would take about {_true_seconds(20, 16384):.0f} s "
+                                       rf"here \(estimated from this server's earlier requests\), past this server's "
+                                       rf"50 s per request: use steps ≤ {fits}, or fewer frames"):
+        budget.check(key, 20, 16384)
+
+
+def test_time_budget_keeps_fixed_per_pass_and_per_token_cost_apart():
+    """A 2-token, 1-step request is all overhead: scaling its cost per token put the default clip (8 steps of
+    2 x 1024 tokens) at minutes. After it, the estimate of the default is a floor below the true time; once
+    the default has run too, it is the true time; one slow request (a busy machine) does not move it."""
+    budget, key = limits.TimeBudget(max_seconds=90), ("video", "mhla")
+    _record(budget, key, 1, 4)
+    floor = budget.check(key, 8, 2048)                                     # not refused
+    assert _true_seconds(1, 4) <= floor <= _true_seconds(8, 2048)
+    assert budget.estimate(key, 1, 2) <= _true_seconds(1, 2)               # smaller: a floor as well
+    _record(budget, key, 8, 2048)
+    assert budget.estimate(key, 8, 2048) == pytest.approx(_true_seconds(8, 2048), rel=0.02)
+    # the one-step request's step carried the loop's set-up: with one longer request measured, larger ones are
+    # still estimated at a floor, until a second size of more than one step is measured
+    assert _true_seconds(20, 2048) * 0.98 <= budget.estimate(key, 20, 4352) <= _true_seconds(20, 4352)
+    _record(budget, key, 4, 4)
+    assert budget.estimate(key, 20, 4352) == pytest.approx(_true_seconds(20, 4352), rel=0.02)   # beyond
+    assert budget.estimate(key, 6, 512) == pytest.approx(_true_seconds(6, 512), rel=0.02)       # between
+    _record(budget, key, 8, 2048, slow=10.0)                                # another request shared the cores
+    _record(budget, key, 4, 512, slow=10.0)
+    assert budget.estimate(key, 8, 2048) == pytest.approx(_true_seconds(8, 2048), rel=0.05)
+    other = ("video", "sdpa")                                              # per model: nothing measured there
+    assert budget.estimate(other, 8, 2048) is None
+
+
+def _app(tmp_path, **limit_overrides):
+    from mediagen.app.handlers import MediagenApp
+    from mediagen.app.limits import Limits
+    from mediagen.app.models import ModelSet, ModelSource
+
+    models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla")),
+                      video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), size={"frames": 3, "height": 8, "width": 8}),
+                      text_encoders={"FlashAttention": "minilm"})
+    base = dict(max_side=64, max_frames=17, max_steps=20, max_batch=2, max_request_s=90.0)
+    return MediagenApp(models, Limits(**{**base, **limit_overrides}), device="cpu", output_dir=tmp_path / "out")
+
+
+def test_a_tiny_request_does_not_get_the_default_refused(tmp_path, monkeypatch):
+    """Through the handlers: a tiny clip, then the default one, on a model whose steps cost what the CPU's
+    did (no model runs; the generation is replaced by its measured cost). Then the same with Compare."""
+    from mediagen.app import compare, generation
+    from mediagen.app.sizes import video_grid
+
+    app = _app(tmp_path)
+    took = []
+
+    def fake_samples(cache, attention, encoder, prompt, negative, batch, seed, steps, guidance, h, w, f, **kw):
+        tokens = math.prod(video_grid(cache, f, h, w)) * batch * 2                 # guidance: two branches a pass
+        step = PASS_S + TOKEN_S * tokens
+        took.append(_true_seconds(steps, tokens))
+        out = generation.Generated(np.zeros((batch, f, h, w, 1), np.float32),
+                                   {"text_encoding": 0.1, "denoising": steps * step + 0.05, "decoding": FIXED_S - 0.15})
+        out.step_seconds = [step + 0.05] + [step] * (steps - 1)
+        return out
+
+    monkeypatch.setattr(generation, "text_samples", fake_samples)
+    monkeypatch.setattr(compare.scores, "video_scores", lambda sample, prompt: {})
+    monkeypatch.setattr(compare, "semantic_verdict", lambda sample, prompt: {})
+    quiet = lambda *a, **k: None                                           # noqa: E731  (stands in for gr.Progress)
+    app.video("the digit 7 moves left", "", "mhla", "FlashAttention", 2, 8, 8, 1, 0, 1, 4.0, progress=quiet)
+    app.video("the digit 7 moves left", "", "mhla", "FlashAttention", 16, 64, 64, 1, 0, 8, 4.0, progress=quiet)
+    default = math.prod(video_grid(app.cache, 16, 64, 64))
+    assert app.estimate("video", "mhla", default, 1, 8, 4.0) == pytest.approx(took[-1], rel=0.05)
+    app.compare("text-to-video", ["mhla · FlashAttention"], "the digit 7 moves left", 0, 0, 1, 4.0, 2, 8, 8,
+                progress=quiet)
+    app.compare("text-to-video", ["mhla · FlashAttention"], "the digit 7 moves left", 0, 0, 8, 4.0, 16, 64, 64,
+                progress=quiet)
+    assert app.estimate("video", "sdpa", default, 1, 8, 4.0) == pytest.approx(took[-2], rel=0.05)
 
 
 # --- only trained models on offer, each saying what it is -------------------------------------

@@ -117,7 +117,8 @@ def quality(req: CompareRequest, sample, reference) -> dict:
 
 
 def compare(cache, req: CompareRequest, progress=None) -> list[dict]:
-    """One row per configuration: label, stage latencies (ms), quality, and the sample itself.
+    """One row per configuration: label, stage latencies (ms), quality, the sample itself and each
+    denoising step's seconds (``step_seconds``, for the time estimate).
     ``progress(fraction, desc=...)`` hears which configuration runs and its denoising step."""
     rows, reference = [], None
     n = len(req.configs)
@@ -137,7 +138,7 @@ def compare(cache, req: CompareRequest, progress=None) -> list[dict]:
         ms = {f"{k}_ms": 1e3 * v for k, v in result.timings.items()}
         ms["total_ms"] = sum(ms.values())
         rows.append({"config": label, "attention": attention, "text_encoder": encoder, **ms,
-                     **quality(req, sample, reference), "sample": sample})
+                     **quality(req, sample, reference), "sample": sample, "step_seconds": result.step_seconds})
     return rows
 
 

@@ -20,6 +20,7 @@ from .sizes import image_grid, video_grid
 class Generated:
     samples: np.ndarray
     timings: dict = field(default_factory=dict)   # seconds per stage
+    step_seconds: list = field(default_factory=list)   # each denoising step, the first from the stage's start
 
     @property
     def is_video(self) -> bool:
@@ -32,6 +33,24 @@ class _Clock:
     def __init__(self, device):
         self.device = device
         self.timings: dict[str, float] = {}
+        self.step_seconds: list[float] = []
+        self._mark = None
+
+    def step_callback(self, on_step=None):
+        """A pipeline step-end callback that times each denoising step (for the time estimate,
+        ``limits.TimeBudget``) and then calls ``on_step(steps done)`` when given."""
+        clock = self
+
+        def callback(pipe, i, t, tensors):
+            clock._sync()
+            now = time.perf_counter()
+            clock.step_seconds.append(now - clock._mark)
+            clock._mark = now
+            if on_step is not None:
+                on_step(i + 1)
+            return {}
+
+        return callback
 
     def stage(self, name: str):
         clock = self
@@ -39,7 +58,7 @@ class _Clock:
         class _Stage:
             def __enter__(self):
                 clock._sync()
-                self.t0 = time.perf_counter()
+                self.t0 = clock._mark = time.perf_counter()
 
             def __exit__(self, *exc):
                 clock._sync()
@@ -54,18 +73,6 @@ class _Clock:
 
 def _generator(cache, seed: int):
     return torch.Generator(device=cache.device).manual_seed(int(seed))
-
-
-def _step_callback(on_step):
-    """A pipeline step-end callback calling ``on_step(steps done)``; None when there is nothing to call."""
-    if on_step is None:
-        return None
-
-    def callback(pipe, i, t, tensors):
-        on_step(i + 1)
-        return {}
-
-    return callback
 
 
 def class_images(cache, attention: str, class_label: int, batch: int, seed: int, steps: int,
@@ -83,11 +90,11 @@ def class_images(cache, attention: str, class_label: int, batch: int, seed: int,
     with clock.stage("denoising"):
         latents = pipe(class_labels=[int(class_label)] * batch, guidance_scale=guidance, num_inference_steps=steps,
                        generator=_generator(cache, seed), output_type="latent",
-                       callback_on_step_end=_step_callback(on_step)).images
+                       callback_on_step_end=clock.step_callback(on_step)).images
     with clock.stage("decoding"), torch.no_grad():
         z = latents_to_vae(pipe.vae, latents.to(vae_dtype(pipe.vae)))
         images = pipe.image_processor.postprocess(pipe.vae.decode(z, return_dict=False)[0].float(), output_type="np")
-    return Generated(np.asarray(images, dtype=np.float32), clock.timings)
+    return Generated(np.asarray(images, dtype=np.float32), clock.timings, clock.step_seconds)
 
 
 # Text states are padded (with zeros) to the length the text models are trained and sampled with, the
@@ -129,10 +136,10 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
         latents = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, height=height, width=width,
                        num_frames=frames, num_inference_steps=steps, guidance_scale=guidance,
                        num_videos_per_prompt=batch, generator=_generator(cache, seed), output_type="latent",
-                       callback_on_step_end=_step_callback(on_step)).frames
+                       callback_on_step_end=clock.step_callback(on_step)).frames
     with clock.stage("decoding"), torch.no_grad():
         videos = np.asarray(pipe.decode(latents, "np"), dtype=np.float32)
-    return Generated(videos[:, frames // 2] if image else videos, clock.timings)
+    return Generated(videos[:, frames // 2] if image else videos, clock.timings, clock.step_seconds)
 
 
 def still_frames(cache) -> int:

@@ -117,20 +117,20 @@ class MediagenApp:
     # --- time: estimated before a run, measured after it -----------------------------------
     def _timed(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float, run,
                runtime: str = "eager"):
-        """Run ``run()`` unless its estimated time is past the limit; record its denoising rate. Only
-        eager runs are recorded: a compiled run's time includes compiling when its shapes are new, and
-        compiled code ran no slower than eager on our models, so the eager rate bounds both."""
+        """Run ``run()`` unless its estimated time is past the limit; record how long it took. Only
+        eager runs are recorded: a compiled run's time includes compiling when its shapes are new."""
         key = (family, attention)
-        work = TimeBudget.work(steps, tokens, batch, guidance)
-        self.budget.check(key, work, steps)
+        per_pass = TimeBudget.tokens(tokens, batch, guidance)
+        self.budget.check(key, steps, per_pass)
         result = run()
         if runtime == "eager":
-            self.budget.record(key, work, result.timings.get("denoising", 0.0))
+            self.budget.record(key, steps, per_pass, sum(result.timings.values()), result.step_seconds)
         return result
 
     def estimate(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float):
-        """Estimated seconds of such a request on this server (None before one has run)."""
-        return self.budget.estimate((family, attention), TimeBudget.work(steps, tokens, batch, guidance))
+        """Estimated seconds of such a request on this server (None before one has run); ``tokens``: the
+        request's token grid."""
+        return self.budget.estimate((family, attention), steps, TimeBudget.tokens(tokens, batch, guidance))
 
     # --- Image -------------------------------------------------------------------------------
     @readable_errors
@@ -213,16 +213,18 @@ class MediagenApp:
             req.height, req.width, req.frames = self._text_size(height, width, frames if video else 1,
                                                                 min_frames=2 if video else 1)
             tokens = _prod(video_grid(self.cache, req.frames, req.height, req.width))
-        estimates = [self.estimate(family, a, tokens, 1, steps, guidance) for a, _ in planned]
-        if all(e is not None for e in estimates) and self.limits.max_request_s is not None \
-                and sum(estimates) > self.limits.max_request_s:
-            raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {sum(estimates):.0f} s "
-                           f"here, past this server's {self.limits.max_request_s:.0f} s per request: use fewer "
-                           f"steps or configurations, or a smaller size")
+        # configurations not measured yet add nothing, so the sum is a floor: refused only when even that is past
+        known = [e for e in (self.estimate(family, a, tokens, 1, steps, guidance) for a, _ in planned) if e is not None]
+        if self.limits.max_request_s is not None and sum(known) > self.limits.max_request_s:
+            raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {sum(known):.0f} s "
+                           f"here (estimated from this server's earlier requests), past this server's "
+                           f"{self.limits.max_request_s:.0f} s per request: use fewer steps or configurations, or a "
+                           f"smaller size")
         rows = compare.compare(self.cache, req, progress)
+        per_pass = TimeBudget.tokens(tokens, 1, guidance)
         for (attention, _), row in zip(planned, rows):
-            self.budget.record((family, attention), TimeBudget.work(steps, tokens, 1, guidance),
-                               row.get("denoising_ms", 0.0) / 1e3)
+            self.budget.record((family, attention), steps, per_pass, row.get("total_ms", 0.0) / 1e3,
+                               row.pop("step_seconds", ()))
         return self._compare_outputs(rows, seed)
 
     def _compare_outputs(self, rows, seed):

@@ -13,7 +13,9 @@ from this server's own earlier requests) is past ``max_request_s`` is refused wi
 
 from __future__ import annotations
 
+import collections
 import logging
+import statistics
 import threading
 from dataclasses import dataclass
 
@@ -62,6 +64,11 @@ class Limits:
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
+    def start_steps(self, still: bool) -> int:
+        """The steps a task starts with, on the page and when an API call leaves steps out:
+        ``still_steps`` for a prompt-mode still, else ``default_steps``; at most ``max_steps``."""
+        return min(self.still_steps if still else self.default_steps, self.max_steps)
+
     def describe(self) -> str:
         bound = f", about {self.max_request_s:.0f} s per request" if self.max_request_s else ""
         return (f"side ≤ {self.max_side} px, frames ≤ {self.max_frames}, steps ≤ {self.max_steps}, "
@@ -74,7 +81,10 @@ class Limits:
 
 
 def bounded_int(name: str, value, low: int, high: int) -> int:
-    """``value`` as an int within [low, high], else a readable ``gr.Error``."""
+    """``value`` as an int within [low, high], else a readable ``gr.Error``. A boolean is refused:
+    Python counts True as 1, so ``steps=True`` would run one step without a word."""
+    if isinstance(value, bool):
+        raise _error(f"{name}={value!r} is not allowed: {name} must be a whole number from {low} to {high}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -88,6 +98,10 @@ def bounded_int(name: str, value, low: int, high: int) -> int:
 
 
 def bounded_float(name: str, value, low: float, high: float) -> float:
+    """``value`` as a float within [low, high], else a readable ``gr.Error`` (a boolean is refused, as in
+    ``bounded_int``)."""
+    if isinstance(value, bool):
+        raise _error(f"{name}={value!r} is not allowed: {name} must be a number from {low:g} to {high:g}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -115,38 +129,115 @@ def bounded_side(name: str, value, multiple: int, limits: Limits) -> int:
 
 
 class TimeBudget:
-    """Estimated seconds of a request, from the rate this server measured on earlier ones.
+    """Estimated seconds of a request, from this server's own earlier requests of the same model.
 
-    Work = steps x tokens x batch x (2 with guidance: two transformer passes a step); the rate is
-    seconds of denoising per unit of work, kept per (family, attention) as the most recent
-    measurement. Before any measurement there is no estimate and the request runs (its size is
-    still bounded by ``Limits``)."""
+    A request's time is modelled as
+
+        seconds = fixed + steps x (per_pass + per_token x tokens)
+
+    where tokens is what one transformer pass carries (grid tokens x batch, x 2 with guidance: the
+    pipelines run the two guidance branches as one batch). ``fixed`` is everything outside the denoising
+    steps (text encoding, the loop's set-up, decoding); ``per_pass`` is a pass's cost whatever its size
+    (Python, launches, small kernels), which dominates a small request; ``per_token`` the cost that grows
+    with the size. Keeping the three apart is what lets a tiny request and a large one share a model: a
+    single rate per token, taken from a 2-token request whose step is all overhead, put the default clip
+    at 20 times its real time.
+
+    Fitting, per key (a model on this server's device), over its last ``HISTORY`` requests:
+    - a request of two or more steps gives one step time, the median of its steps after the first (the
+      first carries the loop's set-up and first-call work), and one fixed time, its whole time less its
+      steps. A one-step request's only step carries that set-up too, which at a tiny size is most of
+      it, so its times are used only while no longer request has been measured;
+    - ``fixed`` is the lower median of the fixed times, and the step times of one size are reduced to
+      their lower median, so that one slow request (another request sharing the cores, say) does not
+      move the estimate;
+    - with two or more sizes measured, per_pass + per_token x tokens is the Theil-Sen line through the
+      sizes' step times (median of the pairwise slopes, then the median intercept; neither below 0);
+    - with one size measured, how the cost grows with size is not known, and the estimate is a floor:
+      a larger request costs at least that size's step time per step, a smaller one at least its share
+      of it by tokens (true of every non-negative per_pass and per_token).
+    Before any measurement there is no estimate and the request runs (its size is still bounded by
+    ``Limits``)."""
+
+    HISTORY = 32
 
     def __init__(self, max_seconds: float | None):
         self.max_seconds = max_seconds
-        self._rates: dict = {}
+        self._runs: dict = {}
         self._lock = threading.Lock()
 
     @staticmethod
-    def work(steps: int, tokens: int, batch: int, guidance: float) -> float:
-        return float(steps * tokens * batch * (2 if guidance > 1.0 else 1))
+    def tokens(grid_tokens: int, batch: int, guidance: float) -> int:
+        """Tokens one transformer pass carries: the two guidance branches run as one batch."""
+        return int(grid_tokens) * int(batch) * (2 if guidance > 1.0 else 1)
 
-    def estimate(self, key, work: float) -> float | None:
+    def record(self, key, steps: int, tokens: int, seconds: float, step_seconds=()) -> None:
+        """Add a measured request: ``seconds`` in all, ``step_seconds`` each denoising step's time (the
+        first counted from the start of the denoising stage); without them its steps are taken as
+        ``seconds`` spread evenly (nothing fixed)."""
+        steps_timed = [float(s) for s in step_seconds if s is not None and s >= 0]
+        if steps < 1 or tokens < 1 or not seconds > 0:
+            return
+        if len(steps_timed) >= 2:
+            step = statistics.median(steps_timed[1:])
+        elif steps_timed:
+            step = steps_timed[0]
+        else:
+            step = seconds / steps
+        fixed = max(0.0, seconds - steps * step)
+        steady = len(steps_timed) >= 2
         with self._lock:
-            rate = self._rates.get(key)
-        return None if rate is None else rate * work
+            runs = self._runs.setdefault(key, collections.deque(maxlen=self.HISTORY))
+            runs.append((int(tokens), step, fixed, steady))
 
-    def check(self, key, work: float, steps: int) -> float | None:
-        """The estimate in seconds (None before a measurement); refuses past ``max_seconds``."""
-        est = self.estimate(key, work)
-        if est is not None and self.max_seconds is not None and est > self.max_seconds:
-            fewer = max(1, int(steps * self.max_seconds / est))
-            raise _error(f"steps={steps}: this request would take about {est:.0f} s here, past this server's "
-                         f"{self.max_seconds:.0f} s per request: use steps ≤ {fewer}, or fewer frames, a smaller "
-                         f"size or batch")
+    def model(self, key) -> dict | None:
+        """The fitted terms of ``key`` (seconds): fixed, per_pass, per_token, and ``sizes``, the
+        token counts measured; None before any measurement."""
+        with self._lock:
+            runs = list(self._runs.get(key, ()))
+        if not runs:
+            return None
+        runs = [r for r in runs if r[3]] or runs      # one-step requests only while there is nothing else
+        by_size: dict[int, list[float]] = {}
+        for tokens, step, _, _ in runs:
+            by_size.setdefault(tokens, []).append(step)
+        sizes = sorted(by_size)
+        step_at = {n: statistics.median_low(by_size[n]) for n in sizes}
+        fixed = statistics.median_low([r[2] for r in runs])
+        if len(sizes) == 1:
+            return {"fixed": fixed, "per_pass": None, "per_token": None, "sizes": sizes, "step_at": step_at}
+        slopes = [(step_at[b] - step_at[a]) / (b - a) for i, a in enumerate(sizes) for b in sizes[i + 1:]]
+        per_token = max(0.0, statistics.median(slopes))
+        per_pass = max(0.0, statistics.median([step_at[n] - per_token * n for n in sizes]))
+        return {"fixed": fixed, "per_pass": per_pass, "per_token": per_token, "sizes": sizes, "step_at": step_at}
+
+    def step_estimate(self, key, tokens: int) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per step) of a request of ``tokens`` per pass; None before a measurement."""
+        m = self.model(key)
+        if m is None:
+            return None
+        if m["per_token"] is None:                   # one size measured: a floor (see the class docstring)
+            (size,) = m["sizes"]
+            return m["fixed"], m["step_at"][size] * min(1.0, tokens / size)
+        return m["fixed"], m["per_pass"] + m["per_token"] * tokens
+
+    def estimate(self, key, steps: int, tokens: int) -> float | None:
+        """Estimated seconds of a request of ``steps`` steps of ``tokens`` per pass (None before a measurement)."""
+        got = self.step_estimate(key, tokens)
+        return None if got is None else got[0] + steps * got[1]
+
+    def check(self, key, steps: int, tokens: int) -> float | None:
+        """The estimate in seconds (None before a measurement); refuses past ``max_seconds`` with the
+        estimate and the steps that would fit."""
+        got = self.step_estimate(key, tokens)
+        if got is None:
+            return None
+        fixed, per_step = got
+        est = fixed + steps * per_step
+        if self.max_seconds is not None and est > self.max_seconds:
+            fit = int((self.max_seconds - fixed) // per_step) if per_step > 0 else steps
+            fewer = f"steps ≤ {fit}, or " if 1 <= fit < steps else ""
+            raise _error(f"steps={steps}: this request would take about {est:.0f} s here (estimated from this "
+                         f"server's earlier requests), past this server's {self.max_seconds:.0f} s per request: use "
+                         f"{fewer}fewer frames, a smaller size or batch")
         return est
-
-    def record(self, key, work: float, seconds: float) -> None:
-        if work > 0 and seconds > 0:
-            with self._lock:
-                self._rates[key] = seconds / work
