@@ -131,9 +131,9 @@ def test_bad_values_name_the_field_value_and_range():
     with pytest.raises(gr.Error, match=r"guidance='x' is not allowed: guidance must be a number from 0 to 20"):
         limits.bounded_float("guidance", "x", 0.0, 20.0)
     # Python counts True as 1: a boolean is not a number of steps
-    with pytest.raises(gr.Error, match=r"^steps=True is not allowed: steps must be a whole number from 1 to 50$"):
+    with pytest.raises(gr.Error, match=r"steps=True is not allowed: steps must be a whole number from 1 to 50"):
         limits.bounded_int("steps", True, 1, 50)
-    with pytest.raises(gr.Error, match=r"^guidance=False is not allowed: guidance must be a number from 0 to 20$"):
+    with pytest.raises(gr.Error, match=r"guidance=False is not allowed: guidance must be a number from 0 to 20"):
         limits.bounded_float("guidance", False, 0.0, 20.0)
 
 
