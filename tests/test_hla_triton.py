@@ -1,17 +1,16 @@
 """The fused Triton HLA readout (gates on chip + walk over past chunks) against the unfused fp64
-reference, on fresh random inputs. On a CPU it runs in Triton's interpreter (tests/conftest.py), so
+reference, on seeded random inputs. On a CPU it runs in Triton's interpreter (tests/conftest.py), so
 the shapes are small; on a GPU the same tests run, plus a real size in bf16 with tf32 products."""
 
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from mediagen.kernels.switches import use_switches
 from mediagen.text.attention.hla import HLAttention
 from mediagen.text.kernels.hla import bucket_representatives, chunk_summaries
-from mediagen.text.kernels.hla import triton_readout
 from mediagen.text.kernels.hla.readout import hla_readout_reference
 from mediagen.text.kernels.hla.router import chunk_routing_order
 from mediagen.text.kernels.hla.triton_readout import hla_readout_triton
@@ -21,12 +20,19 @@ ON_GPU = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setattr(triton_readout, "POISON_OUTPUTS", True)
+def poison_outputs():
+    with use_switches(poison_outputs=True):
+        yield
 
 
-def fresh_seed():
-    return int.from_bytes(os.urandom(4), "little")
+# Every test draws its inputs from this seed, through its own generator or torch's global one (seeded below), so a
+# failure reproduces: the messages name the seed, and a rerun draws the same inputs.
+SEED = 0
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(SEED)
 
 
 def problem(B, H, nc, C, K, V, D, pool, device, seed):
@@ -60,7 +66,7 @@ CASES = [  # B, H, nC, C, K, V, D, pool, block_tokens
 @pytest.mark.parametrize("B,H,nc,C,K,V,D,pool,bt", CASES)
 @pytest.mark.parametrize("listed", [False, True])
 def test_fused_readout_matches_reference(device, B, H, nc, C, K, V, D, pool, bt, listed):
-    seed = fresh_seed()
+    seed = SEED
     o_intra, r, a, b, q_route, reps = problem(B, H, nc, C, K, V, D, pool, device, seed)
     bias = 0.7
     order = None
@@ -78,7 +84,7 @@ def test_fused_readout_matches_reference(device, B, H, nc, C, K, V, D, pool, bt,
 
 def test_reading_in_place_through_strides(device):
     """Non-contiguous views (as fla's summaries and a (B, N, H, D) routed query arrive) read correctly."""
-    seed = fresh_seed()
+    seed = SEED
     o_intra, r, a, b, q_route, reps = problem(1, 2, 3, 16, 16, 16, 16, 4, device, seed)
     want = hla_readout_reference(o_intra, r, a, b, q_route, reps, 0.3)
     views = [t.float().transpose(-1, -2).contiguous().transpose(-1, -2) for t in (o_intra, r, a, b, reps)]
@@ -91,7 +97,7 @@ def test_reading_in_place_through_strides(device):
 def test_fused_rms_norm_into_a_token_major_buffer(device):
     """norm_weight applies nn.RMSNorm's formula in the epilogue; out= writes through a permuted view of a
     (B, nC*C, H, V) bf16 buffer, the layout the layer's output projection reads."""
-    seed = fresh_seed()
+    seed = SEED
     B, H, nc, C, V = 2, 2, 3, 16, 24
     o_intra, r, a, b, q_route, reps = problem(B, H, nc, C, 16, V, 16, 4, device, seed)
     weight = torch.rand(V, dtype=torch.float64, device=device) + 0.5
@@ -110,7 +116,7 @@ def test_fused_rms_norm_into_a_token_major_buffer(device):
 
 @pytest.mark.parametrize("route,top_k", [("token", None), ("chunk", 2)])
 def test_layer_fused_readout_equals_unfused(device, route, top_k):
-    seed = fresh_seed()
+    seed = SEED
     torch.manual_seed(seed)
     layer = HLAttention(32, 2, chunk=16, pool=4, top_k=top_k, route=route, backend="torch").to(device).eval()
     x = torch.randn(2, 70, 32, device=device)                        # 5 chunks, the last one padded
@@ -127,7 +133,7 @@ def test_layer_fused_readout_equals_unfused(device, route, top_k):
 
 def test_layer_fused_readout_with_padding_mask(device):
     """Masked (padded) tokens are identity steps in both paths; real tokens agree."""
-    seed = fresh_seed()
+    seed = SEED
     torch.manual_seed(seed)
     layer = HLAttention(32, 2, chunk=16, pool=4, backend="torch").to(device).eval()
     x = torch.randn(2, 64, 32, device=device)
@@ -146,7 +152,7 @@ def test_layer_fused_readout_with_padding_mask(device):
 def test_layer_fused_readout_on_fla_summaries():
     """The GPU default: fla's (strided, bf16 / fp32) summaries feeding the fused readout, bf16 layer."""
     pytest.importorskip("fla")
-    seed = fresh_seed()
+    seed = SEED
     torch.manual_seed(seed)
     layer = HLAttention(384, 12, backend="fla").cuda().to(torch.bfloat16).eval()
     x = torch.randn(2, 2000, 384, device="cuda", dtype=torch.bfloat16)  # 8 chunks of 256, the last padded
@@ -160,7 +166,7 @@ def test_layer_fused_readout_on_fla_summaries():
 
 def test_custom_op_registration(device):
     """Schema and fake implementation of mediagen::hla_readout_tokens agree with the kernel."""
-    o_intra, r, a, b, q_route, reps = (t.float() for t in problem(1, 2, 3, 8, 16, 16, 16, 4, device, fresh_seed()))
+    o_intra, r, a, b, q_route, reps = (t.float() for t in problem(1, 2, 3, 8, 16, 16, 16, 4, device, SEED))
     order = chunk_routing_order(q_route, reps, 8, 1)
     args = (o_intra, r, a, b, q_route, reps, order, torch.ones(16, device=device), 0.5, 1e-6)
     torch.library.opcheck(torch.ops.mediagen.hla_readout_tokens.default, args,
@@ -169,7 +175,7 @@ def test_custom_op_registration(device):
 
 def test_compiled_layer_has_no_graph_break(device):
     """torch.compile traces the whole inference forward, fused readout included, in one graph."""
-    seed = fresh_seed()
+    seed = SEED
     torch.manual_seed(seed)
     layer = HLAttention(32, 2, chunk=16, pool=4, backend="torch", readout="triton").to(device).eval()
     x = torch.randn(1, 48, 32, device=device)
@@ -223,7 +229,7 @@ def test_bad_inputs_name_the_parameter(device):
 @pytest.mark.skipif(not ON_GPU, reason="real size needs the GPU")
 def test_real_size_bf16_tensor_cores():
     """MiniLM heads (12 x 32), 8,192 tokens, chunk 256, pool 16: bf16 routed query, tf32 walk."""
-    seed = fresh_seed()
+    seed = SEED
     o_intra, r, a, b, q_route, reps = problem(1, 12, 32, 256, 32, 32, 32, 16, "cuda", seed)
     want = hla_readout_reference(o_intra, r, a, b, q_route, reps, 2.2)
     got = hla_readout_triton(o_intra.bfloat16(), r.float(), a.float(), b.float(), q_route.bfloat16(),
@@ -238,7 +244,7 @@ def test_real_size_bf16_tensor_cores():
 def test_half_maps_stay_close_to_reference(device, map_dtype):
     """The walk's products in a half dtype (what bf16 layers use on a GPU): r is rounded to the
     operand dtype each step but accumulates in fp32, so the error stays at the half dtype's level."""
-    seed = fresh_seed()
+    seed = SEED
     o_intra, r, a, b, q_route, reps = problem(1, 2, 6, 16, 16, 16, 16, 4, device, seed)
     want = hla_readout_reference(o_intra, r, a, b, q_route, reps, 0.5)
     got = hla_readout_triton(*(t.float() for t in (o_intra, r, a, b)), q_route.to(map_dtype), reps.to(map_dtype),

@@ -14,6 +14,7 @@ from mediagen.attention.sequence_parallel import sequence_parallel_mhla, shard_l
 from mediagen.kernels import mhla_reference
 
 GRID, BLOCKS, B, H, D = (6, 3, 5), (4, 2, 2), 1, 2, 16  # ragged blocks along every axis
+SEED = 0  # the op tests' problem: fixed, so that a failure reproduces (every rank draws it from this seed)
 
 
 def _free_port():
@@ -59,12 +60,12 @@ def _worker(rank, world, port, per_head, seed, rope=False):
 
 @pytest.mark.parametrize("per_head", [True])
 def test_two_ranks_match_single_process(per_head):
-    mp.spawn(_worker, args=(2, _free_port(), per_head, int(torch.randint(0, 2**31, ()).item())), nprocs=2)
+    mp.spawn(_worker, args=(2, _free_port(), per_head, SEED), nprocs=2)
 
 
 def test_two_ranks_with_rope_match_single_process():
     """RoPE on the numerator's features: each rank rotates its own tokens with their rows of the tables."""
-    mp.spawn(_worker, args=(2, _free_port(), False, int(torch.randint(0, 2**31, ()).item()), True), nprocs=2)
+    mp.spawn(_worker, args=(2, _free_port(), False, SEED, True), nprocs=2)
 
 
 def test_shards_are_whole_blocks_covering_the_grid():
