@@ -138,7 +138,8 @@ def test_values_out_of_range_fail_at_load_naming_key_value_and_source(override, 
 def test_a_run_failing_on_its_config_leaves_the_runs_config_yaml_alone(tmp_path, capsys):
     """config.yaml is written once the dataset, model and optimizer are built: a run that fails before
     (on a config check, a missing data folder, an attention the converter refuses, an optimizer
-    setting torch refuses) leaves the existing run's file as it was."""
+    setting torch refuses) leaves the existing run's file as it was, whether it resumes that run or was
+    asked to start it over (overwrite_output_dir=true deletes the earlier run only once all is built)."""
     from mediagen.training import train
     from training_helpers import TINY_DIT, TINY_WAN, tiny_config
 
@@ -146,18 +147,21 @@ def test_a_run_failing_on_its_config_leaves_the_runs_config_yaml_alone(tmp_path,
     out.mkdir()
     saved = out / "config.yaml"
     saved.write_text("the existing run's config\n")
-    assert cli_main(["train", str(write(tmp_path, f"output_dir: {out}\n")), *TINY_DIT, "optim.lr=-1"]) == 2
+    assert cli_main(["train", str(write(tmp_path, f"output_dir: {out}\n")), *TINY_DIT, "optim.lr=-1",
+                     "checkpoint.resume=latest"]) == 2
     assert "optim.lr=-1.0 is not allowed" in capsys.readouterr().err
-    no_data = tiny_config(out, TINY_WAN, "data.dataset=video-folder", f"data.path={tmp_path / 'nope'}")
-    with pytest.raises(ValueError, match="is not a folder"):
-        train(no_data)
-    for key, bad, error in (("model.attention", "softmax", "attention='softmax' is not allowed"),
-                            ("optim.lr", -1.0, "Invalid learning rate")):
-        cfg = tiny_config(out, TINY_DIT, "train.max_steps=1")
-        OmegaConf.update(cfg, key, bad)   # past load_config's checks, as a caller of train() may do
-        with pytest.raises(ValueError, match=error):
-            train(cfg)
+    for again in ("checkpoint.resume=latest", "overwrite_output_dir=true"):
+        no_data = tiny_config(out, TINY_WAN, "data.dataset=video-folder", f"data.path={tmp_path / 'nope'}", again)
+        with pytest.raises(ValueError, match="is not a folder"):
+            train(no_data)
+        for key, bad, error in (("model.attention", "softmax", "attention='softmax' is not allowed"),
+                                ("optim.lr", -1.0, "Invalid learning rate")):
+            cfg = tiny_config(out, TINY_DIT, "train.max_steps=1", again)
+            OmegaConf.update(cfg, key, bad)   # past load_config's checks, as a caller of train() may do
+            with pytest.raises(ValueError, match=error):
+                train(cfg)
     assert saved.read_text() == "the existing run's config\n"
     assert not (out / "metrics.jsonl").exists()
-    train(tiny_config(out, TINY_DIT, "train.max_steps=1", "checkpoint.save_pipeline=false"))
+    train(tiny_config(out, TINY_DIT, "train.max_steps=1", "checkpoint.save_pipeline=false",
+                      "checkpoint.resume=latest"))
     assert OmegaConf.load(saved).train.max_steps == 1

@@ -134,3 +134,89 @@ def test_vbench_videos_names_a_missing_path_and_a_file_apart(tmp_path):
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(ValueError, match=r"--videos .*a.txt is not a folder"):
         list_videos(tmp_path / "a.txt")
+
+
+@pytest.mark.parametrize("reader", ["decord", "pyav"])
+def test_a_video_corrupt_past_its_header_names_the_file(tmp_path, reader):
+    """The header and first frame read, later frames do not: the decoders' own errors (decord's C++
+    trace, PyAV's "[Errno ...] Invalid data found" without a file name) become one VideoReadError line
+    naming the file."""
+    from training_helpers import corrupt_mp4
+
+    path = corrupt_mp4(tmp_path / "clip.mp4")
+    video = open_video(path, reader)                                   # the start-up check passes
+    assert video.reader == reader and video.frames == 8
+    with pytest.raises(VideoReadError) as err:
+        video.read()
+    message = str(err.value)
+    assert f"clip.mp4: its frames cannot be decoded with {reader}" in message
+    assert "\n" not in message and ".cc:" not in message               # one line, no C++ source locations
+    with pytest.raises(VideoReadError, match=r"clip\.mp4"):
+        read_video(path, reader)
+
+
+def test_corrupt_gif_and_npy_name_the_file(tmp_path):
+    good = np.zeros((4, 8, 8), dtype=np.uint8)
+    np.save(tmp_path / "cut.npy", good)
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:100])
+    (tmp_path / "cut.gif").write_bytes(b"GIF89a" + b"\x00" * 20)
+    for name, reader in (("cut.npy", "numpy"), ("cut.gif", "pillow")):
+        with pytest.raises(VideoReadError, match=rf"video .*{name} cannot be read with {reader}"):
+            read_video(tmp_path / name)
+
+
+def test_video_folder_stops_on_or_skips_a_corrupt_video(tmp_path, capfd):
+    from training_helpers import video_folder
+
+    folder = video_folder(tmp_path / "data", good=2, bad=("bad.mp4",))
+    stop = VideoFolderDataset(folder, num_frames=8, resolution=16, channels=1)
+    assert len(stop) == 3                                              # bad.mp4 opens: listed at start-up
+    bad = [i for i, f in enumerate(stop.files) if f.name == "bad.mp4"][0]
+    with pytest.raises(VideoReadError, match=r"bad\.mp4: its frames cannot be decoded.*data\.bad_videos=skip"):
+        stop[bad]
+    skip = VideoFolderDataset(folder, num_frames=8, resolution=16, channels=1, bad_videos="skip")
+    item = skip[bad]                                                   # the next readable video of its bucket
+    replacement = (bad + 1) % 3
+    assert item["index"] == replacement and item["caption"] == skip.captions[replacement]
+    assert torch_equal(item["pixels"], skip[replacement]["pixels"])
+    assert list(skip.unreadable) == ["bad.mp4"]
+    assert capfd.readouterr().err.count("data.bad_videos=skip: leaving out video") == 1
+    skip[bad]                                                          # known bad: not read nor reported again
+    assert "leaving out" not in capfd.readouterr().err
+    with pytest.raises(ValueError, match="data.bad_videos='drop' is not allowed"):
+        VideoFolderDataset(folder, bad_videos="drop")
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
+
+
+def test_vbench_videos_stops_on_or_skips_a_corrupt_video(tmp_path, capsys):
+    from mediagen.cli import main
+    from training_helpers import video_folder
+
+    folder = video_folder(tmp_path / "videos", good=2, bad=("bad.mp4",))
+    args = ["vbench", "--videos", str(folder), "--subject-features", "pixels", "--background-features", "pixels",
+            "--quiet", "--out", str(tmp_path / "vbench.json")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.mp4" in err and "--bad-videos skip" in err
+    assert main([*args, "--bad-videos", "skip"]) == 0
+    report = json.loads((tmp_path / "vbench.json").read_text())
+    assert [v["video"] for v in report["per_video"]] == ["good0.mp4", "good1.mp4"]
+    assert [s["video"] for s in report["skipped_videos"]] == ["bad.mp4"]
+    assert "bad.mp4" in capsys.readouterr().err
+
+
+def test_frames_decord_cannot_decode_are_read_with_pyav(tmp_path):
+    """decord 0.6.0 opens a 16-pixel-wide mp4 and then fails to copy its frames out; the automatic choice
+    reads them with PyAV instead (the same pixels), a forced reader does not move over."""
+    from mediagen.eval.video_io import write_video
+
+    frames = np.random.default_rng(0).integers(0, 255, (4, 16, 16, 3), dtype=np.uint8)
+    write_video(frames, tmp_path / "small.mp4")
+    auto, reader = read_video_with_reader(tmp_path / "small.mp4")
+    assert np.array_equal(auto, read_video(tmp_path / "small.mp4", "pyav"))
+    if reader == "pyav":                                                # this decord cannot decode it
+        with pytest.raises(VideoReadError, match=r"small\.mp4: its frames cannot be decoded with decord"):
+            read_video(tmp_path / "small.mp4", "decord")

@@ -100,3 +100,40 @@ def run_training_process(args, output=False, **env):
     if proc.returncode not in (DONE, STOPPED, -9):
         raise AssertionError(f"training process failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return (proc.returncode, proc.stdout) if output else proc.returncode
+
+
+def corrupt_mp4(path, frames=8, size=32, seed=0):
+    """A small mp4 (random frames) whose header is whole and whose second half is overwritten: it opens
+    with decord or PyAV (container header, first frame) and fails once its later frames are decoded."""
+    import numpy as np
+
+    from mediagen.eval.video_io import write_video
+
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    write_video(rng.integers(0, 255, (frames, size, size, 3), dtype=np.uint8), path, fps=8)
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, int(len(data) * 0.85)):   # frame data; the index (moov) is at the end
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return path
+
+
+def video_folder(folder, good=3, bad=("bad.mp4",), frames=8, size=32):
+    """A captioned folder (metadata.jsonl) of ``good`` readable mp4s and the corrupt files named in ``bad``."""
+    import numpy as np
+
+    from mediagen.eval.video_io import write_video
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(good):
+        rng = np.random.default_rng(100 + i)
+        write_video(rng.integers(0, 255, (frames, size, size, 3), dtype=np.uint8), folder / f"good{i}.mp4", fps=8)
+        rows.append({"file_name": f"good{i}.mp4", "text": f"the digit {i} moves left"})
+    for j, name in enumerate(bad):
+        corrupt_mp4(folder / name, frames, size, seed=j)
+        rows.append({"file_name": name, "text": "the digit 9 moves up"})
+    (folder / "metadata.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return folder

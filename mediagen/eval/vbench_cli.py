@@ -4,13 +4,18 @@ from a checkpoint, one video per prompt); prints a table and writes JSON (and th
 The Moving-MNIST semantic verdicts (``digit_ok`` / ``direction_ok`` / ``both_ok`` per video) and their
 rates come with every video whose prompt names digits; ``--calibrate`` adds the scorer's calibration
 rows (real / static / noise / blank clips of the data generator) to the same table and JSON, so a
-model's rates are read against what the measure gives on clips whose answer is known."""
+model's rates are read against what the measure gives on clips whose answer is known.
+
+A file of ``--videos`` that cannot be read (a cut or corrupt file, whose header may still read) stops the
+command with one line naming it; ``--bad-videos skip`` scores the others and lists it in the JSON under
+``skipped_videos``."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -56,6 +61,10 @@ def register(sub):
     p.add_argument("--text-encoder", default=None,
                    help="condition through this text encoder instead of the pipeline's (checkpoint only): "
                         "'minilm', 'minilm-mlra2', 'minilm-hla' or a saved encoder folder")
+    p.add_argument("--bad-videos", default="stop", choices=["stop", "skip"],
+                   help="a file of --videos that cannot be read or decoded (a cut or corrupt file): stop with one "
+                        "line naming it (default), or skip it: the others are scored and the report lists it under "
+                        "'skipped_videos'")
     p.add_argument("--save-format", default="mp4", choices=["mp4", "gif", "npy"],
                    help="file format of --save-videos (npy needs no video codec)")
     p.add_argument("--save-videos", default=None, help="write sampled videos here (checkpoint only)")
@@ -108,11 +117,17 @@ def read_npz_videos(path):
 
     from .video_io import as_rgb_video
 
-    with np.load(path, allow_pickle=False) as data:
-        if "videos" not in data:
-            raise ValueError(f"--videos {path}: the .npz must hold an array 'videos'; it holds {sorted(data.keys())}")
-        videos = data["videos"]
-        prompts = [str(p) for p in data["prompts"].reshape(-1)] if "prompts" in data else None
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "videos" not in data:
+                raise ValueError(f"--videos {path}: the .npz must hold an array 'videos'; it holds "
+                                 f"{sorted(data.keys())}")
+            videos = data["videos"]
+            prompts = [str(p) for p in data["prompts"].reshape(-1)] if "prompts" in data else None
+    except (OSError, EOFError, zipfile.BadZipFile) as err:  # a cut or overwritten file
+        raise ValueError(f"--videos {path} cannot be read as an .npz of clips: {' '.join(str(err).split())}") from None
     if videos.dtype != np.uint8 or videos.ndim not in (4, 5):
         raise ValueError(f"--videos {path}: 'videos' must be uint8 (N, F, H, W) or (N, F, H, W, C); "
                          f"got {videos.dtype} {tuple(videos.shape)}")
@@ -149,11 +164,12 @@ def score_videos(args, prompts) -> dict:
     """The report of the videos of --videos (folder or .npz) or sampled from --checkpoint."""
     from .frame_features import get_frame_extractor
     from .vbench import evaluate_videos
-    from .video_io import list_videos, read_video
+    from .video_io import VideoReadError, list_videos, read_video
 
     subject_fx = get_frame_extractor(args.subject_features, args.device, args.inception_weights)
     background_fx = (subject_fx if args.background_features == args.subject_features
                      else get_frame_extractor(args.background_features, args.device, args.inception_weights))
+    skipped = []
     if args.videos and Path(args.videos).is_file() and Path(args.videos).suffix.lower() == ".npz":
         videos, npz_prompts = read_npz_videos(args.videos)
         if prompts is not None:
@@ -166,8 +182,21 @@ def score_videos(args, prompts) -> dict:
     elif args.videos:
         files = list_videos(args.videos)
         video_prompts = match_prompts(files, prompts)
-        videos = [read_video(f) for f in files]
-        names = [f.name for f in files]
+        videos, names, kept_prompts, skipped = [], [], [], []
+        for f, prompt in zip(files, video_prompts):
+            try:
+                videos.append(read_video(f))
+            except VideoReadError as err:
+                if getattr(args, "bad_videos", "stop") != "skip":
+                    raise VideoReadError(f"--videos: {err} (--bad-videos skip scores the other videos)") from None
+                print(f"--bad-videos skip: leaving out {err}", file=sys.stderr)
+                skipped.append({"video": f.name, "error": str(err)})
+                continue
+            names.append(f.name)
+            kept_prompts.append(prompt)
+        if not videos:
+            raise ValueError(f"--videos {args.videos}: none of its {len(files)} videos can be read")
+        video_prompts = kept_prompts
     else:
         if not prompts:
             raise ValueError("--checkpoint needs --prompts FILE (one video is sampled per prompt)")
@@ -192,4 +221,6 @@ def score_videos(args, prompts) -> dict:
     for name, prompt, entry in zip(names, video_prompts, report["per_video"]):
         entry["video"], entry["prompt"] = name, prompt
     report["frame_features"] = {"subject": subject_fx.name, "background": background_fx.name}
+    if skipped:
+        report["skipped_videos"] = skipped
     return report

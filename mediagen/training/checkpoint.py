@@ -63,6 +63,89 @@ def find_resume(output_dir, resume: str | None) -> Path | None:
     return path
 
 
+# What a run writes into output_dir (besides the data caches a config may place there). A run that does
+# not resume must not write over another run's: its config.yaml and pipeline/ would be replaced, its
+# metrics.jsonl cut to nothing, and keep_last would delete the newer run's checkpoints in favour of the
+# older run's higher steps, which a later resume would then continue.
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "pipeline", "lora", "samples", "tensorboard")
+
+
+def earlier_run(output_dir) -> list[str]:
+    """The names in ``output_dir`` that a run wrote (RUN_OUTPUTS and exported ``pipeline-step-*``
+    folders); empty for a missing or fresh folder."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    return found + sorted(p.name for p in out.glob("pipeline-step-*") if p.is_dir())
+
+
+def check_output_dir(output_dir, resume, overwrite: bool) -> None:
+    """A run without ``checkpoint.resume`` starts only in an output_dir that holds no earlier run, unless
+    ``overwrite_output_dir`` asks to start that run over (``clear_earlier_run``)."""
+    found = earlier_run(output_dir)
+    if resume is None and not overwrite and found:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ValueError(f"output_dir={str(output_dir)!r} already holds a run ({shown}): add checkpoint.resume=latest "
+                         f"to continue it, overwrite_output_dir=true to delete it and start over, or choose another "
+                         f"output_dir")
+
+
+def clear_earlier_run(output_dir) -> list[str]:
+    """(main process, overwrite_output_dir=true) delete what an earlier run wrote in output_dir; other files
+    stay. Returns the names deleted."""
+    out = Path(output_dir)
+    found = earlier_run(out)
+    for name in found:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return found
+
+
+def load_model_state(model, folder: Path, output_dir, model_config: dict | None = None) -> None:
+    """Load the weights of checkpoint ``folder`` into ``model``, or say in one line that they belong to
+    another model (keys or shapes differ: the output_dir was reused with another model config) instead
+    of torch's list of every mismatched tensor. ``model_config``: this run's ``model`` section, compared
+    with the earlier run's config.yaml for the message."""
+    saved = read_model(folder)
+    own = model.state_dict()
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    reshaped = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if missing or unexpected or reshaped:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} weights of this model missing (e.g. {missing[0]!r})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} not in this model (e.g. {unexpected[0]!r})")
+        if reshaped:
+            k = reshaped[0]
+            parts.append(f"{len(reshaped)} of other shapes (e.g. {k!r}: {tuple(saved[k].shape)} saved, "
+                         f"{tuple(own[k].shape)} here)")
+        was = _model_config_diff(Path(output_dir) / "config.yaml", model_config or {})
+        raise ValueError(f"checkpoint {folder} holds another model's weights ({'; '.join(parts)}){was}: resume it "
+                         f"with the model config that wrote it, or give this run another output_dir (or "
+                         f"overwrite_output_dir=true without checkpoint.resume to start it over)")
+    model.load_state_dict(saved)
+
+
+def _model_config_diff(config_file: Path, current: dict) -> str:
+    """"; config.yaml there has model.preset='wan-tiny' (this run: 'dit-tiny')" for the model settings that
+    differ from the earlier run's config.yaml (read before this run replaces it); "" when there is none."""
+    if not config_file.is_file():
+        return ""
+    try:
+        import yaml
+
+        saved = (yaml.safe_load(config_file.read_text()) or {}).get("model") or {}
+    except Exception:  # noqa: BLE001 (a hand-edited or cut file: the weights' message stands alone)
+        return ""
+    keys = [k for k in ("preset", "pretrained", "attention", "layers", "blocks", "overrides", "attention_options")
+            if saved.get(k) != current.get(k)]
+    shown = ", ".join(f"model.{k}={saved.get(k)!r} (this run: {current.get(k)!r})" for k in keys)
+    return f"; its run's {config_file} has {shown}" if shown else ""
+
+
 # --- flattening state dicts into tensors + JSON ------------------------------------------------
 
 def flatten_optimizer_state(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:

@@ -28,6 +28,7 @@ DATASETS = ("mnist", "moving-mnist", "image-folder", "video-folder")
 SCHEDULES = ("constant", "cosine")
 FINETUNE_MODES = ("none", "full", "lora", "convert")
 DISTRIBUTED = ("ddp", "fsdp")
+BAD_VIDEOS = ("stop", "skip")
 
 
 OVERRIDE_SOURCE = "command-line override"
@@ -45,16 +46,18 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     preset: Optional[str] = None            # a name from mediagen.models.presets (random init)
-    pretrained: Optional[str] = None        # a saved pipeline / transformer folder (ours), or a diffusers
-                                            # pipeline folder with a transformer/ subfolder
+    pretrained: Optional[str] = None        # a saved pipeline / transformer folder (ours), a diffusers pipeline
+                                            # folder with a transformer/ subfolder, or a shipped checkpoint's name
+                                            # (image-mhla, video-mhla, ...)
     overrides: dict[str, Any] = field(default_factory=dict)   # preset config fields to change (e.g. num_layers)
     attention: Any = None                   # None: keep; "sdpa" | "linear" | "mhla" | "wan-mhla-h" | list per layer
     layers: Optional[list[int]] = None      # with one attention name: the layers that get it
     blocks: Optional[list[int]] = None      # MHLA blocks per grid axis (None: chosen from grid)
     grid: Optional[list[int]] = None        # token grid MHLA is chosen for (Wan needs it or blocks)
     attention_options: dict[str, Any] = field(default_factory=dict)  # feature_map, out_norm, rope, ...
-    text_encoder: str = "byte"              # "byte" (ByteTextEncoder, frozen, seeded) or a name for
-                                            # mediagen.text.encoders.load_text_encoder
+    text_encoder: Optional[str] = None      # frozen. None: the one model.pretrained was trained with (its
+                                            # text_encoder/ or text_encoder_ref.json), else a seeded ByteTextEncoder;
+                                            # "byte", "pipeline" or a mediagen.text.encoders.load_text_encoder name
     text_max_length: int = 32
     vae: Optional[str] = None               # None: pixel space (IdentityAutoencoder); else an autoencoder folder
     gradient_checkpointing: bool = False
@@ -101,6 +104,8 @@ class DataConfig:
     num_workers: int = 0
     on_device: bool = False                 # moving-mnist: draw each batch on the training device (no
                                             # loader workers; the GPU, not the CPU, then sets the pace)
+    bad_videos: str = "stop"                # video-folder, a file that cannot be opened or decoded: stop (one
+                                            # line naming it, after a checkpoint) | skip (train on without it)
 
 
 @dataclass
@@ -154,6 +159,8 @@ class LoggingConfig:
 @dataclass
 class TrainConfig:
     output_dir: str = MISSING
+    overwrite_output_dir: bool = False      # a run without checkpoint.resume into an output_dir that holds an
+                                            # earlier run: false refuses; true deletes that run's outputs first
     task: str = "class-to-image"
     model: ModelConfig = field(default_factory=ModelConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
@@ -167,7 +174,7 @@ class TrainConfig:
 
 _CHOICES = {"task": TASKS, "objective.kind": OBJECTIVES, "objective.timestep_sampling": TIMESTEP_SAMPLING,
             "train.mixed_precision": PRECISIONS, "data.dataset": DATASETS, "optim.schedule": SCHEDULES,
-            "finetune.mode": FINETUNE_MODES, "train.distributed": DISTRIBUTED}
+            "finetune.mode": FINETUNE_MODES, "train.distributed": DISTRIBUTED, "data.bad_videos": BAD_VIDEOS}
 
 
 def _valid_keys(node_type, dotted: str) -> list[str]:
@@ -279,6 +286,11 @@ def check_config(cfg) -> None:
                           "(e.g. dit-tiny) or a pretrained folder", key="model.preset")
     if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}", key="data.path")
+    if cfg.task == "class-to-image" and cfg.data.dataset != "mnist":
+        # the class-conditional models (image-mhla, image-sdpa, image-linear) take digit labels, not captions
+        raise ConfigError(f"data.dataset={cfg.data.dataset!r} has captions, not class labels: task='class-to-image' "
+                          f"needs data.dataset='mnist'; to fine-tune a shipped model on captioned images use "
+                          f"task=text-to-image with model.pretrained=video-mhla (or video-sdpa)", key="data.dataset")
     if cfg.data.on_device and cfg.data.dataset != "moving-mnist":
         raise ConfigError(f"data.on_device=true needs data.dataset='moving-mnist' (clips drawn on the device); "
                           f"data.dataset is {cfg.data.dataset!r}", key="data.on_device")
@@ -298,6 +310,9 @@ def check_config(cfg) -> None:
         raise ConfigError("finetune.distill_weight > 0 applies only with finetune.mode='convert'",
                           key="finetune.distill_weight")
     resume = cfg.checkpoint.resume
+    if cfg.overwrite_output_dir and resume is not None:
+        raise ConfigError(f"overwrite_output_dir=true deletes the run in output_dir; checkpoint.resume={resume!r} "
+                          f"continues it: give one or the other", key="overwrite_output_dir")
     if resume not in (None, "latest") and not Path(resume).is_dir():
         raise ConfigError(f"checkpoint.resume={resume!r} is neither 'latest' nor an existing checkpoint folder",
                           key="checkpoint.resume")

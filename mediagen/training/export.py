@@ -130,7 +130,10 @@ def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = No
         raise ValueError(f"checkpoint {which!r} is not in {cfg.output_dir}: use 'latest' or one of {sorted(found)}")
     comp = build_components(cfg)
     model = comp.transformer
-    model.load_state_dict(ckpt.read_model(found[step]))
+    from omegaconf import OmegaConf
+
+    model_config = OmegaConf.to_container(cfg.model, resolve=True) if OmegaConf.is_config(cfg.model) else None
+    ckpt.load_model_state(model, found[step], cfg.output_dir, model_config)
     ema = ckpt.read_ema(found[step])
     if ema is not None:
         params = dict(model.named_parameters())

@@ -10,11 +10,18 @@
         log; sample every N; checkpoint every N (atomic)
         past train.time_limit_minutes, or after a SIGTERM: checkpoint and stop (the same command resumes)
 
+A run without checkpoint.resume starts only in an output_dir that holds no earlier run (config.yaml,
+metrics.jsonl, checkpoints/, pipeline/, ...): it refuses at once, saying how to resume, unless
+overwrite_output_dir=true asks to delete that run and start over (done once everything is built).
 config.yaml is written when the run starts, after everything the config builds (dataset, model,
 optimizer) was built, so a run that fails on its config leaves an existing run's config.yaml as it
 was. metrics.jsonl holds one line per step: a run that starts at step S (0, or a resumed checkpoint's
 step) first drops the lines past S, then appends. A resumed run already at train.max_steps (or past it)
-says so and trains nothing.
+says so and trains nothing; one resumed from a checkpoint of another model says so in one line.
+
+A video that cannot be decoded mid-run (data.bad_videos=stop) stops the run with one line naming the
+file, after a checkpoint of the last finished step (one process), so the same command with
+checkpoint.resume=latest goes on once the file is fixed, removed or skipped.
 
 Everything random in a step is a function of (seed, step, position in the global batch), and the
 batches are a function of (seed, step) (``data.sampler``), so a resumed run repeats exactly the
@@ -44,6 +51,7 @@ from .conditioning import Conditioner
 from .config import save_config
 from .data import build_dataset, collate
 from .data.sampler import MicroBatchSampler, StepBatches
+from .data.video_folder import VideoReadError
 from .ema import EMA
 from .export import save_final_pipeline, write_samples
 from .objectives import Objective
@@ -51,7 +59,10 @@ from .schedule import make_lr_scheduler, make_optimizer
 
 
 class Indexed(Dataset):
-    """Adds each item's index (the key of the latent cache)."""
+    """Adds each item's index (the key of the latent cache; an item the dataset took from another index,
+    in place of an unreadable video, keeps that index). A video that cannot be read becomes
+    {"unreadable": message}: raised in a loader worker, the error would reach the training loop as a
+    multi-line traceback of the worker, so the loop raises it itself, as one line."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -60,13 +71,32 @@ class Indexed(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, i):
-        return dict(self.dataset[i], index=i)
+        try:
+            item = self.dataset[i]
+        except VideoReadError as err:
+            return {"unreadable": str(err), "index": i}
+        return {"index": i, **item}
 
 
 def indexed_collate(items):
+    bad = [it["unreadable"] for it in items if "unreadable" in it]
+    if bad:
+        return {"unreadable": bad, "index": [it["index"] for it in items]}
     batch = collate(items)
     batch["index"] = [it["index"] for it in items]
     return batch
+
+
+def stop_on_unreadable(run: Run, step: int, last_saved: int, messages: list[str]) -> None:
+    """A batch of step ``step`` holds a video that cannot be decoded (data.bad_videos=stop): checkpoint the
+    last finished step when it is not saved yet (one process: with several, the others wait in the
+    step's gradient exchange), then raise the one line that names the file and how to go on."""
+    note = f"the last checkpoint is step {last_saved}" if last_saved > 0 else "no checkpoint was written"
+    if step - 1 > last_saved and run.accelerator.num_processes == 1:
+        save_checkpoint(run, step - 1)
+        note = f"checkpoint of step {step - 1} written"
+    raise ValueError(f"{messages[0]}; stopped at step {step} (data.bad_videos='stop'), {note}: re-encode or remove "
+                     f"the file (or set data.bad_videos=skip) and run again with checkpoint.resume=latest")
 
 
 @dataclass
@@ -297,6 +327,8 @@ def train(cfg, on_step_end=None) -> dict:
     started = time.monotonic()
     acc = make_accelerator(cfg)
     out = Path(cfg.output_dir)
+    overwrite = bool(cfg.get("overwrite_output_dir", False))
+    ckpt.check_output_dir(out, cfg.checkpoint.resume, overwrite)  # before anything is built: fails at once
     resume_from = ckpt.find_resume(out, cfg.checkpoint.resume)
     start = ckpt.read_state(resume_from)["step"] if resume_from is not None else 0
     if start >= cfg.train.max_steps:
@@ -319,7 +351,10 @@ def train(cfg, on_step_end=None) -> dict:
     model = comp.transformer
     _disable_builtin_label_dropout(model)
     if resume_from is not None:
-        model.load_state_dict(ckpt.read_model(resume_from))
+        from omegaconf import OmegaConf
+
+        model_config = OmegaConf.to_container(cfg.model, resolve=True) if OmegaConf.is_config(cfg.model) else None
+        ckpt.load_model_state(model, resume_from, out, model_config)
     device = acc.device
     for part in (comp.vae, comp.text_encoder, comp.teacher):
         if part is not None:
@@ -341,7 +376,7 @@ def train(cfg, on_step_end=None) -> dict:
         prepared, optimizer = acc.prepare(model, optimizer)
     unwrapped = acc.unwrap_model(prepared)
     ema = EMA(unwrapped, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
-    tag = f"{cfg.model.text_encoder}-{cfg.model.vae or 'pixels'}-{cfg.train.seed}-{cfg.model.text_max_length}"
+    tag = f"{comp.text_encoder_name}-{cfg.model.vae or 'pixels'}-{cfg.train.seed}-{cfg.model.text_max_length}"
     conditioner = Conditioner(comp, cfg.model.text_max_length, cfg.data.cache_dir, tag.replace("/", "_"))
     run = Run(cfg, acc, comp, prepared, unwrapped, optimizer, scheduler, Objective(cfg.objective), conditioner, ema,
               micro, accumulation)
@@ -360,6 +395,9 @@ def train(cfg, on_step_end=None) -> dict:
         batches = iter(loader)
     if acc.is_main_process:
         # everything the config describes is built: from here on this run owns output_dir
+        if overwrite and cfg.checkpoint.resume is None and ckpt.earlier_run(out):
+            print(f"overwrite_output_dir=true: deleted the earlier run's {', '.join(ckpt.clear_earlier_run(out))} "
+                  f"in {out}")
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
         if resume_from is not None:
@@ -368,6 +406,7 @@ def train(cfg, on_step_end=None) -> dict:
     logger = Logger(cfg, acc.is_main_process, start)
     params = [p for p in prepared.parameters() if p.requires_grad]
     step = start
+    last_saved = start  # the step of the newest checkpoint (a resumed run's own; 0: none yet)
     finished = True
     term = _SigtermFlag()  # after the loader's workers started: they keep the default handler
     try:
@@ -377,6 +416,8 @@ def train(cfg, on_step_end=None) -> dict:
             distill_total = torch.zeros((), device=device)
             for m in range(accumulation):
                 batch = next(batches)
+                if "unreadable" in batch:
+                    stop_on_unreadable(run, step, last_saved, batch["unreadable"])
                 first = (m * data_world + data_rank) * micro
                 positions = list(range(first, first + len(batch["index"])))
                 sync = nullcontext() if m == accumulation - 1 else acc.no_sync(prepared)
@@ -413,9 +454,11 @@ def train(cfg, on_step_end=None) -> dict:
             saved = step % cfg.checkpoint.every == 0 or step == cfg.train.max_steps
             if saved:
                 save_checkpoint(run, step)
+                last_saved = step
             stop = step < cfg.train.max_steps and out_of_time(acc, started, cfg.train.time_limit_minutes, term.set)
             if stop and not saved:
                 save_checkpoint(run, step)
+                last_saved = step
             if on_step_end is not None:
                 on_step_end(step, step_loss)
             if stop:

@@ -20,7 +20,8 @@ def build_dataset(data, task: str, seed: int = 0):
         return MNISTDataset(data.split, data.resolution, data.channels, captions=text)
     if not text:
         raise ValueError(f"data.dataset={data.dataset!r} has captions, not class labels; task='class-to-image' "
-                         f"needs data.dataset='mnist'")
+                         f"needs data.dataset='mnist'; to fine-tune a shipped model on captioned images use "
+                         f"task=text-to-image with model.pretrained=video-mhla (or video-sdpa)")
     if data.dataset == "moving-mnist":
         return MovingMNISTDataset(resolution=data.resolution, num_frames=data.num_frames, num_digits=data.num_digits,
                                   speed=data.speed, length=data.length, channels=data.channels, split=data.split,
@@ -30,7 +31,7 @@ def build_dataset(data, task: str, seed: int = 0):
                                   resolution_buckets=data.resolution_buckets)
     return VideoFolderDataset(data.path, num_frames=data.num_frames, resolution=data.resolution,
                               channels=data.channels, frame_buckets=data.frame_buckets,
-                              resolution_buckets=data.resolution_buckets)
+                              resolution_buckets=data.resolution_buckets, bad_videos=data.bad_videos)
 
 
 def collate(items: list[dict]) -> dict:

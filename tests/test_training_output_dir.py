@@ -1,0 +1,66 @@
+"""An output_dir holds one run: a run without checkpoint.resume refuses a folder that holds another run
+(overwrite_output_dir=true starts it over on purpose), and resuming a checkpoint of another model says
+so in one line."""
+
+from mediagen.cli import main as cli_main
+from mediagen.training.checkpoint import list_checkpoints
+from training_helpers import TINY_DIT, TINY_WAN, steps_logged
+
+DIT = [*TINY_DIT, "train.batch_size=4", "checkpoint.every=2", "checkpoint.keep_last=2"]
+
+
+def train(tmp_path, out, *args):
+    config = tmp_path / "empty.yaml"
+    config.write_text("{}\n")
+    return cli_main(["train", str(config), f"output_dir={out}", *args])
+
+
+def snapshot(out):
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_new_run_refuses_an_output_dir_that_holds_a_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(tmp_path, out, *DIT, "train.max_steps=8") == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    # the same command again (or another config) without checkpoint.resume: refused at once, nothing touched
+    assert train(tmp_path, out, *DIT, "train.max_steps=3") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"output_dir={str(out)!r} already holds a run" in err
+    assert "checkpoint.resume=latest" in err and "overwrite_output_dir=true" in err
+    assert snapshot(out) == before
+    # overwriting on purpose: the earlier run's checkpoints, metrics and pipeline go first, so keep_last
+    # and a later resume see this run's steps only (not the old checkpoint-8 after this run's 1..3)
+    assert train(tmp_path, out, *DIT, "train.max_steps=3", "overwrite_output_dir=true",
+                 "checkpoint.save_pipeline=false") == 0
+    assert "deleted the earlier run's" in capsys.readouterr().out
+    assert [s for s, _ in list_checkpoints(out)] == [2, 3]
+    assert steps_logged(out) == [1, 2, 3] and not (out / "pipeline").exists()
+    assert train(tmp_path, out, *DIT, "train.max_steps=5", "checkpoint.resume=latest") == 0
+    assert "(step 3)" in capsys.readouterr().out
+    assert steps_logged(out) == [1, 2, 3, 4, 5]
+    # the two options contradict each other
+    assert train(tmp_path, out, *DIT, "overwrite_output_dir=true", "checkpoint.resume=latest") == 2
+    assert "give one or the other" in capsys.readouterr().err
+
+
+def test_resuming_another_models_checkpoint_says_so_in_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(tmp_path, out, *DIT, "train.max_steps=2", "checkpoint.save_pipeline=false") == 0
+    capsys.readouterr()
+    before = snapshot(out)
+    assert train(tmp_path, out, *TINY_WAN, "train.max_steps=4", "checkpoint.resume=latest") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "checkpoint-0000002 holds another model's weights" in err
+    assert "model.preset='dit-tiny' (this run: 'wan-tiny')" in err
+    assert snapshot(out) == before
+    # the same model with another shape (a wider DiT) is named too
+    assert train(tmp_path, out, *DIT, "train.max_steps=4", "checkpoint.resume=latest",
+                 "model.overrides.num_attention_heads=4") == 2
+    err = capsys.readouterr().err.strip()
+    assert "of other shapes" in err and "(32, 1, 2, 2) saved, (64, 1, 2, 2) here" in err and len(err.splitlines()) == 1
+    assert "model.overrides={} (this run: {'num_attention_heads': 4})" in err
+    assert snapshot(out) == before
