@@ -440,3 +440,25 @@ def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path):
     assert fns["on_task"]("text-to-image", [])[-1]["value"] == 11
     assert fns["on_task"]("text-to-video", [])[-1]["value"] == 5
     assert fns["on_task"]("class-to-image", [])[-1]["value"] == 5
+
+
+def test_compile_is_not_offered_on_a_cpu(tmp_path):
+    """torch.compile took minutes on a CPU (past the request bound) and ran no faster: a CPU server offers
+    eager only, hides the runtime choice, and a request for another runtime gets one line saying why."""
+    from mediagen.app.ui import build_demo
+
+    app = _app(tmp_path)
+    assert app.runtimes() == ["eager"]
+    quiet = lambda *a, **k: None                                           # noqa: E731  (stands in for gr.Progress)
+    request = ("class", 3, "", "", "sdpa", "FlashAttention", 1, 0, 2, 4.0, 8, 8)
+    with pytest.raises(gr.Error) as err:
+        app.image(*request, "compile", progress=quiet)
+    assert err.value.message == ("runtime='compile' is not offered on this server (cpu): torch.compile takes minutes "
+                                 "to compile on a CPU and runs no faster than eager there; use one of ['eager']")
+    with pytest.raises(gr.Error) as err:
+        app.video("x", "", "sdpa", "FlashAttention", 3, 8, 8, 1, 0, 2, 4.0, "cuda-graphs", progress=quiet)
+    assert err.value.message.startswith("runtime='cuda-graphs' is not offered on this server (cpu): CUDA graphs need")
+    with pytest.raises(gr.Error, match=r"runtime='fast' is not allowed: choose one of \['eager', 'compile', "):
+        app.image(*request, "fast", progress=quiet)
+    radios = [c for c in build_demo(app).blocks.values() if getattr(c, "label", None) == "runtime"]
+    assert len(radios) == 2 and not any(r.visible for r in radios)

@@ -93,13 +93,23 @@ class MediagenApp:
         return self.cache.models.check_attention(family, attention, field)
 
     def runtimes(self) -> list[str]:
-        """Runtimes the page offers: CUDA graphs only on a CUDA device."""
-        return [r for r in RUNTIMES if r != "cuda-graphs" or self.cache.device.type == "cuda"]
+        """Runtimes this server offers: all of them on a CUDA device, eager only elsewhere. On a CPU,
+        torch.compile does not pay: compiling the default clip's model took minutes (far past the
+        request bound, on the first request at every new size) and the compiled loop ran no faster
+        than eager afterwards; CUDA graphs need a CUDA device."""
+        return list(RUNTIMES) if self.cache.device.type == "cuda" else ["eager"]
 
     def _runtime(self, runtime) -> str:
         from ..pipelines.runtime import check_runtime
 
-        return check_runtime(_choice("runtime", runtime, RUNTIMES), self.cache.device)
+        runtime = _choice("runtime", runtime, RUNTIMES)
+        offered = self.runtimes()
+        if runtime not in offered:
+            why = ("CUDA graphs need a CUDA device" if runtime == "cuda-graphs" else
+                   "torch.compile takes minutes to compile on a CPU and runs no faster than eager there")
+            raise rejected(f"runtime={runtime!r} is not offered on this server ({self.cache.device.type}): {why}; "
+                           f"use one of {offered}")
+        return check_runtime(runtime, self.cache.device)
 
     def offered(self, family: str) -> list[str]:
         return self.cache.models.source(family).offered()

@@ -41,9 +41,12 @@ def _common_controls(app: MediagenApp, d: dict):
 
 
 def _runtime_radio(app: MediagenApp):
-    return RawRadio(app.runtimes(), value="eager", label="runtime",
+    """The runtime choice, shown only where there is one: a CPU server runs eager only (``runtimes``)."""
+    offered = app.runtimes()
+    return RawRadio(offered, value="eager", label="runtime", visible=len(offered) > 1,
                     info="how the denoising loop runs: compile (torch.compile) and cuda-graphs compile on a model's "
-                         "first request at a size (that one is slower); outputs match eager")
+                         "first request at a size (that one takes longer, and its time estimate does not count "
+                         "the compiling); outputs match eager")
 
 
 def _size_controls(d: dict, suffix: str = ""):
