@@ -43,6 +43,7 @@ import torch
 from mediagen.attention.mhla import locality_mix
 from mediagen.kernels import launch, mhla
 from mediagen.kernels.mhla import triton_op
+from mediagen.kernels.switches import use_switches
 
 B, GRID, H, D, BLOCKS = 8, (16, 16), 16, 72, (4, 4)
 N = GRID[0] * GRID[1]
@@ -92,15 +93,9 @@ def replaced_kernels(stand_in):
             setattr(triton_op, name, kernel)
 
 
-@contextlib.contextmanager
 def dispatch_only():
     """Every launch through Triton's dispatch inside the block (the op's direct launches off)."""
-    saved = launch.DIRECT
-    launch.DIRECT = False
-    try:
-        yield
-    finally:
-        launch.DIRECT = saved
+    return use_switches(direct_launch=False)
 
 
 def stubbed_launches():

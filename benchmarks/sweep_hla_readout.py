@@ -4,8 +4,8 @@
     python -m benchmarks.sweep_hla_readout --layer --batch 16     # the whole HLA layer per setting
 
 Times each setting with triton.testing.do_bench (median) on random summaries of the right shapes and
-prints a table, fastest first, with the setting currently in ``READOUT_CONFIG`` marked. With --layer it
-times a random bf16 HLA layer's inference forward instead, the setting patched into ``READOUT_CONFIG``:
+prints a table, fastest first, with the setting currently in force (``readout_settings()``) marked. With --layer it
+times a random bf16 HLA layer's inference forward instead, under ``use_readout_settings(...)``:
 the kernel then reads fla's strided summaries and writes the normalised token-major output, as in use.
 """
 
@@ -16,7 +16,7 @@ import torch
 import triton.testing
 
 from mediagen.text.attention.hla import HLAttention
-from mediagen.text.kernels.hla.triton_readout import READOUT_CONFIG, hla_readout_triton
+from mediagen.text.kernels.hla.triton_readout import hla_readout_triton, readout_settings, use_readout_settings
 
 
 def main(argv=None):
@@ -52,26 +52,23 @@ def main(argv=None):
         def layer_forward():
             with torch.no_grad():
                 layer(x)
-    current = (READOUT_CONFIG["BT"][64 if D <= 64 else 128], READOUT_CONFIG["warps"], READOUT_CONFIG["stages"])
+    now = readout_settings()
+    current = (now.BT64 if D <= 64 else now.BT128, now.warps, now.stages)
     rows = []
     for bt, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3)):
         if bt > C:
             continue
         fn = lambda: hla_readout_triton(o_intra, r, a, b, q_route, reps, 2.2, order, block_tokens=bt,  # noqa: E731
                                         num_warps=warps, num_stages=stages)
-        saved = (dict(READOUT_CONFIG["BT"]), READOUT_CONFIG["warps"], READOUT_CONFIG["stages"])
         if args.layer:
-            READOUT_CONFIG["BT"][64 if D <= 64 else 128] = bt
-            READOUT_CONFIG["warps"], READOUT_CONFIG["stages"] = warps, stages
             fn = layer_forward
+        fields = {"BT64" if D <= 64 else "BT128": bt, "warps": warps, "stages": stages} if args.layer else {}
         try:
-            ms = triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median")
+            with use_readout_settings(**fields):
+                ms = triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median")
         except Exception as err:  # e.g. out of shared memory or registers
             print(f"BT={bt} warps={warps} stages={stages}: {type(err).__name__}", flush=True)
             continue
-        finally:
-            READOUT_CONFIG["BT"].update(saved[0])
-            READOUT_CONFIG["warps"], READOUT_CONFIG["stages"] = saved[1:]
         rows.append((ms, bt, warps, stages))
         print(f"BT={bt} warps={warps} stages={stages}: {ms:.3f} ms", flush=True)
     print(f"\n{'whole layer, ' if args.layer else ''}batch {args.batch}, {args.tokens} tokens, {H}x{D}, "

@@ -8,7 +8,7 @@ results on the direct path on a GPU."""
 import pytest
 import torch
 
-from mediagen.kernels import launch as launch_module
+from mediagen.kernels.switches import use_switches
 from mediagen.kernels.launch import CachedLaunch
 
 
@@ -129,11 +129,11 @@ def test_no_compiled_kernel_means_every_launch_dispatches():
     assert [c[0] for c in kernel.calls] == ["dispatch"] * 3
 
 
-def test_direct_launches_can_be_switched_off(monkeypatch):
+def test_direct_launches_can_be_switched_off():
     kernel, launch = _Kernel(), _record()
-    monkeypatch.setattr(launch_module, "DIRECT", False)
-    for _ in range(2):
-        launch(kernel, *_tensors())
+    with use_switches(direct_launch=False):
+        for _ in range(2):
+            launch(kernel, *_tensors())
     assert [c[0] for c in kernel.calls] == ["dispatch"] * 2
 
 
@@ -142,3 +142,37 @@ def test_a_parameter_without_a_value_is_named():
     launch = CachedLaunch((1,), (5, 0.5), dict(BLOCK=16))  # FLAG missing: the dispatch would have failed
     with pytest.raises(TypeError, match="FLAG"):
         launch(kernel, *_tensors())
+
+
+def test_switches_are_replaced_for_a_block_and_restored():
+    """use_switches replaces fields for the block, process-wide (a backward on autograd's worker thread sees
+    them), restores them on exit, also by an exception, and names the switches when given an unknown one."""
+    import threading
+
+    from mediagen.kernels.switches import empty_output, kernel_switches
+
+    before = kernel_switches()
+    seen = []
+    with pytest.raises(RuntimeError):
+        with use_switches(poison_outputs=True):
+            thread = threading.Thread(target=lambda: seen.append(kernel_switches().poison_outputs))
+            thread.start()
+            thread.join()
+            assert torch.isnan(empty_output((2, 3), "cpu")).all()
+            raise RuntimeError
+    assert seen == [True] and kernel_switches() == before
+    with pytest.raises(ValueError, match="poison_outputs"):
+        with use_switches(poison=True):
+            pass
+
+
+def test_readout_settings_are_replaced_for_a_block():
+    from mediagen.text.kernels.hla.triton_readout import readout_settings, use_readout_settings
+
+    before = readout_settings()
+    with use_readout_settings(BT64=128, warps=8) as now:
+        assert (now.BT64, now.warps, now.BT128) == (128, 8, before.BT128)
+    assert readout_settings() == before
+    with pytest.raises(ValueError, match="BT64"):
+        with use_readout_settings(BT=64):
+            pass

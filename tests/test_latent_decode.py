@@ -6,18 +6,19 @@ torch decode step and its full forward. On a CPU the kernels run in Triton's int
 import pytest
 import torch
 
+from mediagen.kernels.switches import use_switches
 from mediagen.text.attention import MLRAttention
 from mediagen.text.attention.rope import rope_tables
 from mediagen.text.kernels.latent_decode import (decode_prepare, decode_prepare_reference, latent_decode,
                                             latent_decode_reference)
-from mediagen.text.kernels.latent_decode import triton_kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def poison_workspace(monkeypatch):
-    monkeypatch.setattr(triton_kernel, "POISON_OUTPUTS", True)
+def poison_workspace():
+    with use_switches(poison_outputs=True):
+        yield
 
 
 def make(B, L, R, D, E, T, dtype, capacity_extra=5):

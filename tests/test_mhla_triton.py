@@ -19,6 +19,7 @@ from mediagen.kernels import mhla, mhla_reference, token_block_ids
 from mediagen.kernels.mhla import kernel_settings, launch_settings, settings as launch_defaults, triton_op
 from mediagen.kernels.mhla.triton_common import first_column, hi_lo_columns
 from mediagen.kernels.mhla.triton_op import mhla_triton
+from mediagen.kernels.switches import use_switches
 from mhla_oracle import mhla_dense
 
 ON_GPU = torch.cuda.is_available()
@@ -26,8 +27,9 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
 @pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setattr(triton_op, "POISON_OUTPUTS", True)
+def poison_outputs():
+    with use_switches(poison_outputs=True):
+        yield
 
 
 @contextlib.contextmanager

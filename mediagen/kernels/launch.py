@@ -16,17 +16,17 @@ ints, which the alignment check reads anyway: given a tensor, Triton's launcher 
 and asks the CUDA driver what kind of pointer it is, per argument (the dense kernel's launcher took 14.8 us
 with tensors and 10.4 with their pointers as ints, H200 machine's host, triton 3.6).
 
-``DIRECT = False`` (or MEDIAGEN_DIRECT_LAUNCH=0 in the environment) sends every launch through the dispatch.
+``use_switches(direct_launch=False)`` (switches.py; or MEDIAGEN_DIRECT_LAUNCH=0 in the environment) sends every
+launch through the dispatch.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 
-DIRECT = os.environ.get("MEDIAGEN_DIRECT_LAUNCH", "1") != "0"
+from .switches import kernel_switches
 
 
 def _tensor_key(tensors):
@@ -74,7 +74,7 @@ class CachedLaunch:
         self._kernel = self._key = self._run = self._tail = None
 
     def __call__(self, kernel, *tensors):
-        if DIRECT and self._kernel is kernel:
+        if self._kernel is kernel and kernel_switches().direct_launch:
             key, pointers = _tensor_key(tensors)
             if key == self._key:
                 self._run(*pointers, *self._tail)

@@ -43,11 +43,9 @@ from .triton_dense import dense_forward_kernel
 from .triton_dense_grad import dense_key_grad_kernel, dense_query_grad_kernel
 from .triton_mix import mix_grad_kernel, mix_kernel, part_sum_kernel
 from ..launch import CachedLaunch
+from ..switches import empty_output as _empty
 
 ALGORITHMS = ("auto", "chunked", "dense")
-# Tests set this to fill every output buffer with NaN before the kernels run, so an element a
-# kernel forgets to write shows up.
-POISON_OUTPUTS = False
 # Plans and launch records kept at most (an entry is a few hundred bytes plus, for plans, the small index
 # tensors of their grid); past this the cache starts over.
 MAX_CACHED = 1024
@@ -73,12 +71,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def _new(shape, like, dtype):
     return _empty(shape, like.device, dtype)
-
-
-def _empty(shape, device, dtype):
-    if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), device=device, dtype=dtype)
-    return torch.empty(shape, device=device, dtype=dtype)
 
 
 def _interpreting() -> bool:

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ....kernels.switches import kernel_switches
 from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/kernels
 from .chunk import pad_to_chunks
 from .router import bucket_representatives
 
-POISON_OUTPUTS = False  # tests set this: outputs start as NaN, so an unwritten element shows
 BUCKETS_PER_PROGRAM = 8
 
 
@@ -149,7 +149,7 @@ def hla_prepare_triton(q, k, v, beta_raw, decay_raw, route_q, pool_k, pool_v, po
     v_pad = new(B, np_, H, 2 * D)
     beta, log_alpha = new(B, np_, H), new(B, np_, H, dtype=torch.float32)
     reps = new(B, H, np_ // chunk, nbc, D)
-    if POISON_OUTPUTS:
+    if kernel_switches().poison_outputs:
         for t in (qn, kn, qr, v_pad, beta, log_alpha, reps):
             t.fill_(float("nan"))
     wdt = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not ieee else torch.float32

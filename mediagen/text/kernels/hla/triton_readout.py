@@ -25,20 +25,57 @@ implementation) so that torch.compile traces an HLA layer through it without a g
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ....kernels.switches import kernel_switches
 from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/kernels
 
-POISON_OUTPUTS = False  # tests set this: outputs start as NaN, so an unwritten element shows
-# launch settings: BT tokens per program (by padded head dim, up to 64 or 128), warps, pipeline
-# stages; `benchmarks/sweep_hla_readout.py --layer` measures the choices inside a real layer (64 tokens
-# per program: 18.3 ms for a 16 x 32K-token MiniLM-shaped layer, against 25.7 ms with 256)
-READOUT_CONFIG = {"BT": {64: 64, 128: 32}, "warps": 4, "stages": 3}
+
+
+@dataclass(frozen=True)
+class ReadoutSettings:
+    """The readout kernel's launch: BT tokens per program at padded head dims up to 64 (``BT64``) and up to 128
+    (``BT128``), warps, pipeline stages. ``benchmarks/sweep_hla_readout.py --layer`` measures the choices inside
+    a real layer (benchmarks/RESULTS.md, HLA readout)."""
+
+    BT64: int = 64
+    BT128: int = 32
+    warps: int = 4
+    stages: int = 3
+
+
+_readout: contextvars.ContextVar[ReadoutSettings] = contextvars.ContextVar("hla_readout_settings",
+                                                                           default=ReadoutSettings())
+
+
+def readout_settings() -> ReadoutSettings:
+    """The readout's launch settings in force here and now (this thread's)."""
+    return _readout.get()
+
+
+@contextlib.contextmanager
+def use_readout_settings(**fields) -> Iterator[ReadoutSettings]:
+    """Launch the readout with these fields replaced, in this thread, for the block; yields the settings in
+    force. An unknown field raises ValueError naming the allowed ones."""
+    names = [f.name for f in dataclasses.fields(ReadoutSettings)]
+    unknown = [k for k in fields if k not in names]
+    if unknown:
+        raise ValueError(f"the HLA readout has no launch setting {', '.join(map(repr, unknown))}: its settings are "
+                         f"{', '.join(names)}")
+    token = _readout.set(dataclasses.replace(_readout.get(), **fields))
+    try:
+        yield _readout.get()
+    finally:
+        _readout.reset(token)
 
 _LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -190,7 +227,8 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
     a, b = step_maps(a, b, map_dtype)
     bk, bv, bd = (max(16, triton.next_power_of_2(x)) for x in (K, V, D))
     bnb = max(16, triton.next_power_of_2(NB))
-    bt = block_tokens or min(READOUT_CONFIG["BT"][64 if max(bk, bv) <= 64 else 128],
+    launch = _readout.get()
+    bt = block_tokens or min(launch.BT64 if max(bk, bv) <= 64 else launch.BT128,
                              max(16, triton.next_power_of_2(C)))
     tiles = triton.cdiv(C, bt)
     if out is None:
@@ -203,7 +241,7 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
     if B * H > 65535:
         raise ValueError(f"batch x heads = {B * H} is above the 65,535 programs of the launch grid's second axis; "
                          "split the batch")
-    if POISON_OUTPUTS:
+    if kernel_switches().poison_outputs:
         out.fill_(float("nan"))
     if order is None:
         order_t, steps, indexed = torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=o_intra.device), 0, False
@@ -218,7 +256,7 @@ def hla_readout_triton(o_intra, r, a, b, q_route, reps, bias: float, order=None,
         *order_t.stride(),
         H, NC, C, K, V, D, NB, steps, tiles, _LOG2E / math.sqrt(D), float(bias) - math.log(NB),
         float(norm_eps), BT=bt, BK=bk, BV=bv, BD=bd, BNB=bnb, INDEXED=indexed, IEEE=ieee, NORM=norm_weight is not None,
-        num_warps=num_warps or READOUT_CONFIG["warps"], num_stages=num_stages or READOUT_CONFIG["stages"])
+        num_warps=num_warps or launch.warps, num_stages=num_stages or launch.stages)
     return out
 
 

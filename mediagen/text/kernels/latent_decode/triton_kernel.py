@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ....kernels.switches import empty_output
 from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/kernels
 
 _LOG2E = 1.4426950408889634
@@ -109,16 +110,6 @@ def merge_splits_kernel(ACC, ML, OUT, S, R, D, BR: tl.constexpr, BD: tl.constexp
              mask=(rows < R)[:, None] & (dd < D)[None, :])
 
 
-# Tests set this to fill the per-split workspace with NaN before the kernel runs, so a partial result
-# the kernel forgets to write shows up.
-POISON_OUTPUTS = False
-
-
-def _workspace(shape, device) -> torch.Tensor:
-    if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), device=device)
-    return torch.empty(shape, device=device, dtype=torch.float32)
-
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -147,7 +138,8 @@ def latent_decode_triton(q_lat, q_rope, latents, rope_keys, scale: float, splits
     BT = 64 if BD <= 128 else 32
     S = splits or choose_splits(B, L, T, BT, q_lat.device)
     chunk = triton.cdiv(triton.cdiv(T, S), BT) * BT  # split length, whole tiles
-    acc, ml = _workspace((B * L, S, BR, BD), q_lat.device), _workspace((B * L, S, 2, BR), q_lat.device)
+    # (the per-split workspace: NaN under poison_outputs, so a partial result the kernel forgets shows)
+    acc, ml = empty_output((B * L, S, BR, BD), q_lat.device), empty_output((B * L, S, 2, BR), q_lat.device)
     dot_f32 = q_lat.dtype == torch.float32 or _interpreting()
     qr = q_rope if E else q_lat  # a valid pointer when there is no rope part (never read)
     kr = rope_keys if E else latents
