@@ -156,16 +156,19 @@ def test_compare_video_runs_reference_and_reports_quality(served):
     assert ref["psnr_db"] is None                                          # ∞: the reference against itself
     assert ref["ssim"] == pytest.approx(1.0) or ref["blank"]
     assert mhla["blank"] or (np.isfinite(mhla["psnr_db"]) and mhla["ssim"] < 1.0)
+    assert {"read as", "moved"} <= set(table["headers"])                   # what each verdict rests on
     for row in details:
         assert row["denoising_ms"] > 0 and row["text_encoding_ms"] > 0 and row["decoding_ms"] >= 0
         assert 0.0 <= row["temporal_flickering"] <= 1.0 and "vbench_total" in row
         assert 0.0 <= row["digit_identity"] <= 1.0
+        assert re.fullmatch(r"\d|none", row["digit_read"]) and row["direction_found"] in ("left", "right", "up",
+                                                                                          "down", "none")
 
 
 def test_compare_class_images_dedupes_text_encoders(served):
     _, _, client, _ = served
     gallery, files, table, details = client.predict(
-        "class-to-image", ["mhla · MLRA", "mhla · HLA", "linear · FlashAttention"], "", 4, 5, 2, 4.0, 3, 8, 8,
+        "class-to-image", ["mhla", "mhla · HLA", "linear · FlashAttention"], "", 4, 5, 2, 4.0, 3, 8, 8,
         api_name="/compare")
     assert [d["config"] for d in details] == ["sdpa", "mhla", "linear"]
     for row in details:

@@ -462,3 +462,49 @@ def test_compile_is_not_offered_on_a_cpu(tmp_path):
         app.image(*request, "fast", progress=quiet)
     radios = [c for c in build_demo(app).blocks.values() if getattr(c, "label", None) == "runtime"]
     assert len(radios) == 2 and not any(r.visible for r in radios)
+
+
+def test_compare_says_what_the_clip_scorer_read():
+    """A "no" in the digit or direction column comes with the digit read and the way the digit moved."""
+    from mediagen.app.handlers import TABLE_HEADERS
+    from mediagen.training.data.moving_mnist import MovingMNISTDataset
+
+    frames, digits, directions = MovingMNISTDataset(resolution=64, num_frames=8, split="held_out", seed=1).clip(0)
+    clip = frames[..., None]
+    wrong_digit, wrong_way = (digits[0] + 1) % 10, {"left": "right", "right": "left", "up": "down",
+                                                    "down": "up"}[directions[0]]
+    asked = compare.semantic_verdict(clip, f"the digit {wrong_digit} moves {wrong_way}")
+    assert asked == {"digit_ok": False, "direction_ok": False, "digit_read": str(digits[0]),
+                     "direction_found": directions[0]}
+    right = compare.semantic_verdict(clip, f"the digit {digits[0]} moves {directions[0]}")
+    assert right["digit_ok"] and right["direction_ok"] and right["digit_read"] == str(digits[0])
+    still = compare.semantic_verdict(np.repeat(clip[:1], 8, axis=0), f"the digit {digits[0]} moves {directions[0]}")
+    assert still["direction_ok"] is False and still["direction_found"] == "none"
+    assert TABLE_HEADERS["digit_read"] == "read as" and TABLE_HEADERS["direction_found"] == "moved"
+
+
+def test_class_to_image_compare_shows_only_what_applies(tmp_path):
+    """The class-conditional model reads no text: Compare lists its attentions once each (not attention x
+    encoder), hides the prompt, frames and size, shows the class; the text tasks the other way round."""
+    from mediagen.app.ui import build_demo, compare_choices
+
+    app = _app(tmp_path)
+    d = app.page_defaults()
+    assert compare_choices(d, "class-to-image") == ["sdpa", "mhla"]
+    assert compare_choices(d, "text-to-video")[:2] == ["sdpa · FlashAttention", "mhla · FlashAttention"]
+    demo = build_demo(app)
+    fns = {getattr(f.fn, "__name__", ""): f for f in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
+    on_task = fns["on_task"]
+    names = [getattr(c, "label", "") or "" for c in on_task.outputs]
+    configs, *shown, _ = on_task.fn("class-to-image", ["mhla · FlashAttention"], *([None] * (len(on_task.inputs) - 2)))
+    assert configs["choices"] == ["sdpa", "mhla"] and configs["value"] == ["mhla"]
+    visible = {name.split(" ")[0]: u["visible"] for name, u in zip(names[1:], shown)}
+    assert visible == {"prompt": False, "class": True, "frames": False, "height": False, "width": False}
+    configs, *shown, _ = on_task.fn("text-to-image", ["mhla"], *([None] * (len(on_task.inputs) - 2)))
+    assert configs["value"] == ["mhla · FlashAttention"]
+    visible = {name.split(" ")[0]: u["visible"] for name, u in zip(names[1:], shown)}
+    assert visible == {"prompt": True, "class": False, "frames": False, "height": True, "width": True}
+    assert compare.parse_config("mhla", ["sdpa", "mhla"], ["FlashAttention"], "class-to-image") == ("mhla", "—")
+    with pytest.raises(ValueError, match=r"configs: 'hybrid' is not allowed for class-to-image: use an attention in "
+                                         r"\['sdpa', 'mhla'\] \(the class-conditional model has no text encoder\)"):
+        compare.parse_config("hybrid", ["sdpa", "mhla"], ["FlashAttention"], "class-to-image")

@@ -34,13 +34,41 @@ def config_label(attention: str, encoder: str) -> str:
 
 
 def parse_config(label: str, attentions, encoders, task: str | None = None) -> tuple[str, str]:
-    """(attention, encoder) of a label "mhla · HLA"; ``attentions``: those offered for the task."""
+    """(attention, encoder) of a label "mhla · HLA"; ``attentions``: those offered for the task. The
+    class-conditional task has no text encoder: its labels are the attention alone ("mhla", encoder "—");
+    a label naming an encoder is taken too, and the encoder is ignored there."""
     parts = str(label).split(SEPARATOR)
+    where = f" for {task}" if task else ""
+    if task == "class-to-image":
+        if not (parts[0] in attentions and (len(parts) == 1 or (len(parts) == 2 and parts[1] in encoders))):
+            raise ValueError(f"configs: {label!r} is not allowed{where}: use an attention in {list(attentions)} (the "
+                             f"class-conditional model has no text encoder)")
+        return parts[0], NO_ENCODER
     if len(parts) != 2 or parts[0] not in attentions or parts[1] not in encoders:
-        where = f" for {task}" if task else ""
         raise ValueError(f"configs: {label!r} is not allowed{where}: use '<attention>{SEPARATOR}<text encoder>' with "
                          f"attention in {list(attentions)} and text encoder in {list(encoders)}")
     return parts[0], parts[1]
+
+
+def task_labels(task: str, attentions, encoders) -> list[str]:
+    """The configuration labels a task offers: attention x text encoder, or the attention alone for the
+    class-conditional task (no text encoder takes part)."""
+    if task == "class-to-image":
+        return list(attentions)
+    return [config_label(a, e) for e in encoders for a in attentions]
+
+
+def carry_labels(labels, task: str, attentions, encoders) -> list[str]:
+    """The configurations picked for one task, as labels of ``task``: the same attentions (and text
+    encoders, where the task has them; FlashAttention where the old labels had none), those ``task`` offers."""
+    offered = task_labels(task, attentions, encoders)
+    out = []
+    for label in labels or []:
+        attention, *rest = str(label).split(SEPARATOR)
+        new = attention if task == "class-to-image" else config_label(attention, rest[0] if rest else REFERENCE[1])
+        if new in offered and new not in out:
+            out.append(new)
+    return out
 
 
 @dataclass
@@ -92,15 +120,23 @@ def is_blank(sample) -> bool:
 
 
 def semantic_verdict(video, prompt: str | None) -> dict:
-    """{"digit_ok", "direction_ok"} of ``mediagen.eval.moving_mnist.score_clips`` for a clip whose
-    prompt names digits; {} when the prompt names none or that scorer is not available."""
+    """The verdicts of ``mediagen.eval.moving_mnist.score_clips`` for a clip whose prompt names digits,
+    with what they rest on: ``digit_ok`` / ``direction_ok``, and ``digit_read`` (the digit each track was
+    read as, "none" where no frame shows one) / ``direction_found`` (the way each moved, "none" where it
+    moved too little to tell), comma-separated for several digits. A "no" is only useful with what the
+    scorer saw. {} when the prompt names no digit or that scorer is not available."""
     from ..eval import moving_mnist
 
     score_clips = getattr(moving_mnist, "score_clips", None)
     if score_clips is None or not prompt or moving_mnist.parse_prompt(prompt) is None:
         return {}
     verdict = score_clips([video], [prompt])[0]
-    return {k: verdict.get(k) for k in ("digit_ok", "direction_ok")}
+    out = {k: verdict.get(k) for k in ("digit_ok", "direction_ok")}
+    if verdict.get("read") is not None:
+        out["digit_read"] = ", ".join("none" if d is None else str(d) for d in verdict["read"])
+    if verdict.get("moved") is not None:
+        out["direction_found"] = ", ".join(m or "none" for m in verdict["moved"])
+    return out
 
 
 def quality(req: CompareRequest, sample, reference) -> dict:

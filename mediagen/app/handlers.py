@@ -294,11 +294,13 @@ class MediagenApp:
 
 
 # The Compare table: the quality columns first (reference-free: digit / direction verdicts for
-# clips, the classifier for images), then total and denoising time, then agreement with the
-# reference; everything else is in "all numbers". Short headers keep it inside its pane.
-TABLE_COLUMNS = ("config", "blank", "digit_ok", "direction_ok", "digit_prob", "predicted", "vbench_total",
-                 "total_ms", "denoising_ms", "ssim", "psnr_db")
-TABLE_HEADERS = {"config": "config", "blank": "blank", "digit_ok": "digit", "direction_ok": "direction",
+# clips, each beside what the scorer read, the classifier for images), then total and denoising time,
+# then agreement with the reference; everything else is in "all numbers". Short headers keep it inside
+# its pane.
+TABLE_COLUMNS = ("config", "blank", "digit_ok", "digit_read", "direction_ok", "direction_found", "digit_prob",
+                 "predicted", "vbench_total", "total_ms", "denoising_ms", "ssim", "psnr_db")
+TABLE_HEADERS = {"config": "config", "blank": "blank", "digit_ok": "digit", "digit_read": "read as",
+                 "direction_ok": "direction", "direction_found": "moved",
                  "digit_prob": "p(digit)", "predicted": "read as", "vbench_total": "VBench",
                  "total_ms": "total ms", "denoising_ms": "denoise ms", "ssim": "SSIM to ref",
                  "psnr_db": "PSNR to ref"}

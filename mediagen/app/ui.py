@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .compare import REFERENCE, config_label
+from .compare import REFERENCE, carry_labels, config_label, task_labels
 from .fields import RawCheckboxGroup, RawNumber, RawRadio
 from .bench_results import SERIES
 from .handlers import BENCH_SOURCES, COMPARE_TASKS, IMAGE_MODES, MediagenApp
@@ -20,7 +20,9 @@ INTRO = ("**mediagen**: image and video diffusion transformers whose self-attent
          "Limits on this server ({device}): {limits}.")
 COMPARE_NOTE = ("The same seed through each configuration; `{reference}` is the reference (always run first). "
                 "Quality columns are reference-free: for clips, whether the asked digit is shown (`digit`) and moves "
-                "the asked way (`direction`); for images, the digit classifier's probability of the asked digit. "
+                "the asked way (`direction`), beside what the scorer read (`read as`, `moved`); for images, the digit "
+                "classifier's probability of the asked digit and the digit it reads. Class-to-image involves no text "
+                "encoder, so its configurations are the attentions alone. "
                 "SSIM / PSNR *to the reference* only measure agreement with the sdpa sample, not quality: two good "
                 "samples can differ everywhere, and an empty frame shares the reference's dark background, so a "
                 "blank output is marked `blank` and gets no SSIM / PSNR.")
@@ -148,29 +150,43 @@ def _video_tab(app: MediagenApp, d: dict):
 
 
 def compare_choices(d: dict, task: str) -> list[str]:
+    """The configurations the Compare tab lists for ``task``: attention x text encoder for the text tasks,
+    the attention alone for class-to-image (its model reads no text)."""
     family = "image" if task == "class-to-image" else "video"
-    return [config_label(a, e) for e in d["text_encoders"] for a in d["offered"][family]]
+    return task_labels(task, d["offered"][family], d["text_encoders"])
+
+
+def compare_visibility(task: str) -> dict:
+    """Which Compare inputs apply to ``task``: the prompt and the size to the text tasks, frames to
+    clips only, the class to class-to-image."""
+    text = task != "class-to-image"
+    return {"prompt": text, "class_label": not text, "frames": task == "text-to-video", "height": text, "width": text}
 
 
 def _compare_tab(app: MediagenApp, d: dict):
     lim = app.limits
-    choices = compare_choices(d, "text-to-video")
+    first = "text-to-video"
+    choices = compare_choices(d, first)
     default = [c for c in choices if c.startswith("mhla")][:1]
+    shown = compare_visibility(first)
     gr.Markdown(COMPARE_NOTE.format(reference=config_label(*REFERENCE)))
     with gr.Row():
         with gr.Column():
-            task = RawRadio(list(COMPARE_TASKS), value="text-to-video", label="task")
+            task = RawRadio(list(COMPARE_TASKS), value=first, label="task")
             configs = RawCheckboxGroup(choices, value=default, label=f"configurations (≤ {lim.max_configs} with the "
                                        "reference; trained checkpoints only)", elem_id="compare-configs")
-            prompt = gr.Textbox(value="the digit 7 moves left", label="prompt (text tasks)")
-            class_label = RawNumber(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})")
+            prompt = gr.Textbox(value="the digit 7 moves left", label="prompt (text tasks)",
+                                max_length=lim.max_prompt_chars, visible=shown["prompt"])
+            class_label = RawNumber(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})",
+                                    visible=shown["class_label"])
         with gr.Column():
             with gr.Row():
-                frames = RawNumber(value=d["frames"], precision=0, label=f"frames (video, 2–{lim.max_frames})")
+                frames = RawNumber(value=d["frames"], precision=0, label=f"frames (video, 2–{lim.max_frames})",
+                                   visible=shown["frames"])
                 height, width = _size_controls(d)
             seed, steps, guidance = _common_controls(app, d)
             run = gr.Button("Compare", variant="primary", elem_id="compare-run")
-    # results span the page: the table has up to 11 short columns and needs the full width
+    # results span the page: the table has up to 13 short columns and needs the full width
     gallery = gr.Gallery(label="outputs, side by side", columns=6, height="auto", elem_id="compare-gallery")
     table = gr.Dataframe(label="quality (reference-free), latency (ms), agreement with the reference", wrap=False,
                          elem_id="compare-table")
@@ -179,11 +195,15 @@ def _compare_tab(app: MediagenApp, d: dict):
         details = gr.JSON(label="all numbers")
 
     def on_task(task_value, current):
-        new = compare_choices(d, task_value if task_value in COMPARE_TASKS else "text-to-video")
-        return (gr.update(choices=new, value=[c for c in (current or []) if c in new]),
-                gr.update(value=start_steps(lim, task_value == "text-to-image")))
+        task_value = task_value if task_value in COMPARE_TASKS else first
+        family = "image" if task_value == "class-to-image" else "video"
+        visible = compare_visibility(task_value)
+        return (gr.update(choices=compare_choices(d, task_value),
+                          value=carry_labels(current, task_value, d["offered"][family], d["text_encoders"])),
+                *(gr.update(visible=visible[name]) for name in ("prompt", "class_label", "frames", "height", "width")),
+                gr.update(value=lim.start_steps(task_value == "text-to-image")))
 
-    task.change(on_task, [task, configs], [configs, steps], api_name=False)
+    task.change(on_task, [task, configs], [configs, prompt, class_label, frames, height, width, steps], api_name=False)
     run.click(app.compare, [task, configs, prompt, class_label, seed, steps, guidance, frames, height, width],
               [gallery, downloads, table, details], api_name="compare")
 
