@@ -176,7 +176,7 @@ def test_attention_names_module_is_light_and_the_one_source_of_options():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["sdpa,linear,mhla,wan-mhla-h",
                                   "blocks,feature_map,normalize,eps,scale,per_head_mix,out_norm,out_gate,"
-                                  "cpe_kernel,rope"], out.stderr
+                                  "cpe_kernel,rope,denominator,feature_eps,mix_init,in_norm"], out.stderr
 
 
 # --- plain diffusers refuses a saved converted model ----------------------------------------------

@@ -29,7 +29,13 @@ ATTENTION_CHOICES = LAYER_ATTENTIONS + PATTERNS
 CONVERTED_ATTENTIONS = ("linear", "mhla")   # layers that get a new processor with their own weights
 FEATURE_MAPS = ("relu", "elu1")
 ROPE_MODES = ("none", "features")
-MHLA_ONLY_OPTIONS = ("blocks", "per_head_mix")  # options a "linear" layer does not use
+# Conventions where the official MHLA code (DAGroup-PKU/MHLA) differs from the paper's formulas, which are ours
+# by default (docs/DESIGN.md#conventions-ours-and-the-official-codes).
+DENOMINATORS = ("paper", "official")
+MIX_INITS = ("paper", "official")
+# options a "linear" layer does not use: with one block Mc is [[1]] whatever its init, and both denominators
+# read the token's own query
+MHLA_ONLY_OPTIONS = ("blocks", "per_head_mix", "denominator", "mix_init")
 
 
 def is_int(x) -> bool:
@@ -66,8 +72,11 @@ class AttentionSpec:
     feature_map, normalize, eps, scale: as in ``mediagen.kernels.mhla``; eps and scale (when given)
         are finite numbers > 0.
     per_head_mix: one Mc per head (H, M, M) instead of one shared (M, M).
-    out_norm: RMSNorm over the attention output (all heads), the Wan recipe's ``rms_output``.
-    out_gate: multiply the (normed) output by SiLU(Linear(x)), a learned output gate.
+    out_norm: False; True: one RMSNorm over the output of all heads together (a weight per channel);
+        "per_head": each head's output RMS-normalised over the head dim, with one weight of head-dim size
+        shared by the heads, as the official Wan MHLA layer always does (its ``g_norm``).
+    out_gate: multiply the (normed) output by SiLU(Linear(x)), a learned output gate (the official Wan
+        MHLA layer's ``is_gated``).
     cpe_kernel: 0 = off; otherwise the kernel size of a depthwise conv on V over the token grid,
         added to the attention output (a conditional positional term; zero-initialised so a freshly
         converted model is unchanged by it): one odd int for every axis, or a list of odd ints, one
@@ -77,6 +86,19 @@ class AttentionSpec:
     rope: "none" ignores the rotary embedding in MHLA layers; "features" rotates the features
         phi(q), phi(k) in the numerator and keeps the denominator un-rotated, as the official Wan
         MHLA code does (Wan only: DiT has no RoPE).
+    denominator: with normalize=True, "paper": o_t's denominator is phi(q_t) . sum_j Mc[i, j] z_j + eps (the
+        paper's formula; i the block of token t); "official": sum_j Mc[i, j] phi(q at t's position in block j)
+        . z_j + eps, what the official image and video code computes. "official" needs equal blocks (every
+        block count divides its axis) and runs slower: the numerator through the MHLA op, the denominator in
+        plain PyTorch ops (``mediagen.attention.mhla.official_denominator``).
+    feature_eps: added to the feature map, phi(x) = feature_map(x) + feature_eps (the official code's
+        relu(x) + 1e-6); 0 (ours) is the plain map. A finite number >= 0; > 0 costs one elementwise pass over
+        q and k before the op.
+    mix_init: Mc's initialisation. "paper": m_ij = 1 - dist(i, j) / max_k dist(i, k), rows summing to 1;
+        "official": 1 - dist(i, j) / max over all pairs, columns summing to 1 (the official code's).
+        Loaded or trained weights replace it either way.
+    in_norm: a LayerNorm (weight and bias, eps 1e-5) of the layer's input before its projections and
+        gate, as the official DiT MHLA layer has (its ``norm``).
     """
 
     layers: list[str | None] = field(default_factory=list)
@@ -90,6 +112,10 @@ class AttentionSpec:
     out_gate: bool = False
     cpe_kernel: int | list[int] = 0
     rope: str = "none"
+    denominator: str = "paper"
+    feature_eps: float = 0.0
+    mix_init: str = "paper"
+    in_norm: bool = False
 
     def __post_init__(self):
         self.layers = list(self.layers)
@@ -109,9 +135,20 @@ class AttentionSpec:
             raise ValueError(f"feature_map={self.feature_map!r} is not allowed: use one of {FEATURE_MAPS}")
         if self.rope not in ROPE_MODES:
             raise ValueError(f"rope={self.rope!r} is not allowed: use one of {ROPE_MODES}")
-        for name in ("normalize", "per_head_mix", "out_norm", "out_gate"):
+        for name in ("normalize", "per_head_mix", "out_gate", "in_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: use True or False")
+        if not (self.out_norm is False or self.out_norm is True or self.out_norm == "per_head"):
+            raise ValueError(f"out_norm={self.out_norm!r} is not allowed: use False, True (one RMSNorm over all "
+                             f"heads) or 'per_head' (each head over its own channels)")
+        if self.denominator not in DENOMINATORS:
+            raise ValueError(f"denominator={self.denominator!r} is not allowed: use one of {DENOMINATORS}")
+        if self.mix_init not in MIX_INITS:
+            raise ValueError(f"mix_init={self.mix_init!r} is not allowed: use one of {MIX_INITS}")
+        if not (isinstance(self.feature_eps, (int, float)) and not isinstance(self.feature_eps, bool)
+                and math.isfinite(self.feature_eps) and self.feature_eps >= 0):
+            raise ValueError(f"feature_eps={self.feature_eps!r} is not allowed: use a finite number >= 0 "
+                             f"(0: the plain feature map; 1e-6: the official code's)")
         if not _is_positive_number(self.eps):
             raise ValueError(f"eps={self.eps!r} is not allowed: use a finite number > 0 (e.g. 1e-6; 1e-15 for SANA)")
         if self.scale is not None and not _is_positive_number(self.scale):
@@ -119,6 +156,9 @@ class AttentionSpec:
         self.cpe_kernel = _cpe_kernel(self.cpe_kernel)
         if self.normalize and self.scale is not None:
             raise ValueError(f"scale={self.scale!r} applies only with normalize=False; leave it None")
+        if not self.normalize and self.denominator != "paper":
+            raise ValueError(f"denominator={self.denominator!r} applies only with normalize=True (normalize=False "
+                             f"has no denominator); leave it 'paper'")
         if "mhla" in self.layers and self.blocks is None:
             raise ValueError("blocks is required when a layer uses 'mhla'")
 

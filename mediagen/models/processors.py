@@ -6,13 +6,18 @@ model. The projections, q/k norms and output projection stay those of the pretra
 latent grid comes from the transformer's pre-hook (``latent_grid.LatentGrids``), looked up by the
 sequence length.
 
-Per layer, with q, k, v (B, N, H, D) from the layer's own projections:
+Per layer, with x the layer's input and q, k, v (B, N, H, D) from the layer's own projections:
 
-    o = MHLA(q, k, v; Mc, grid, blocks)                               (kernels.mhla)
-    o = RMSNorm(o)                             if out_norm             (over all heads)
+    x = LayerNorm(x)                           if in_norm              (then the projections and gate read it)
+    o = MHLA(q, k, v; Mc, grid, blocks)                               (attention.mhla: the op, with options)
+    o = RMSNorm(o)                             if out_norm=True        (over all heads together)
+    o_h = RMSNorm(o_h) for each head h         if out_norm="per_head"  (one weight of head-dim size)
     o = o * SiLU(W_g x + b_g)                  if out_gate
     o = o + DWConv(v over the grid)            if cpe_kernel
     out = to_out(o)
+
+The official Wan MHLA layer is out_norm="per_head" (+ out_gate when gated); the official DiT MHLA layer is
+in_norm=True with cpe_kernel=3 (``models.official`` loads their checkpoints).
 
 With rope="features" (Wan only) the numerator uses rotated features and the denominator does not,
 as the official Wan MHLA code does (the core gets Wan's angle tables as its ``rope``, fused into the
@@ -82,16 +87,22 @@ class GridSelfAttnProcessor(nn.Module):
         self.kind = kind
         self.ndim = ndim
         inner = heads * head_dim
-        opts = dict(feature_map=spec.feature_map, normalize=spec.normalize, eps=spec.eps, scale=spec.scale)
+        opts = dict(feature_map=spec.feature_map, normalize=spec.normalize, eps=spec.eps, scale=spec.scale,
+                    feature_eps=spec.feature_eps)
         if kind == "mhla":
             if len(spec.blocks) != ndim:
                 raise ValueError(f"blocks={spec.blocks} has {len(spec.blocks)} axes but this model's latent grid "
                                  f"has {ndim}")
-            self.core = MHLAttention(spec.blocks, heads=heads if spec.per_head_mix else None, **opts)
+            self.core = MHLAttention(spec.blocks, heads=heads if spec.per_head_mix else None,
+                                     denominator=spec.denominator, mix_init=spec.mix_init, **opts)
         else:
             self.core = LinearAttention(ndim, **opts)
         self.rope_features = spec.rope == "features"
-        self.out_norm = nn.RMSNorm(inner, eps=1e-6) if spec.out_norm else None
+        # out_norm=True: one norm over all heads' channels; "per_head": each head over its own head_dim channels
+        # with one weight shared by the heads (the official Wan layer's WanRMSNorm(head_dim)); eps 1e-6 either way
+        self.out_norm_per_head = spec.out_norm == "per_head"
+        self.out_norm = nn.RMSNorm(head_dim if self.out_norm_per_head else inner, eps=1e-6) if spec.out_norm else None
+        self.in_norm = nn.LayerNorm(query_dim) if spec.in_norm else None
         self.out_gate = nn.Linear(query_dim, inner) if spec.out_gate else None
         self.cpe = None
         if spec.cpe_kernel:
@@ -166,9 +177,15 @@ class GridSelfAttnProcessor(nn.Module):
         if hidden_states.dim() != 3:
             raise ValueError(f"hidden_states must be (B, N, C); got shape {tuple(hidden_states.shape)}")
         residual = hidden_states
+        if self.in_norm is not None:
+            hidden_states = self.in_norm(hidden_states)
         q, k, v = self.project_qkv(attn, hidden_states)
         rope = wan_rope_tables(rotary_emb) if self.rope_features and rotary_emb is not None else None
         if self.sequence_parallel is not None:  # q, k, v and the tables hold this rank's slab of whole blocks
+            if self.core.feature_eps or self.core.denominator != "paper":
+                raise ValueError(f"feature_eps={self.core.feature_eps!r} / denominator={self.core.denominator!r} "
+                                 f"are not supported sequence-parallel (its op takes the plain feature map and the "
+                                 f"paper's denominator): use feature_eps=0 and denominator='paper'")
             grid = self.sequence_parallel.grid
             o = self.sequence_parallel.attend(self.core, q, k, v, rope=rope)
         else:
@@ -177,8 +194,10 @@ class GridSelfAttnProcessor(nn.Module):
                 o = self.core(q, k, v, grid, rope=rope, cpe=(self.cpe.weight, self.cpe.bias)).flatten(2)
                 return self.project_out(attn, o.type_as(q), residual)
             o = self.core(q, k, v, grid, rope=rope)
+        if self.out_norm is not None and self.out_norm_per_head:
+            o = self.out_norm(o)
         o = o.flatten(2)
-        if self.out_norm is not None:
+        if self.out_norm is not None and not self.out_norm_per_head:
             o = self.out_norm(o)
         if self.out_gate is not None:
             o = o * F.silu(self.out_gate(hidden_states))
@@ -190,7 +209,8 @@ class GridSelfAttnProcessor(nn.Module):
         """Whether the MHLA op adds the CPE itself (its dense forward then adds it before storing o: one launch
         and one write of o fewer): eager sampling on the Triton path, an MHLA core (linear attention's grid is
         its token row), no norm or gate between the attention and the CPE."""
-        if self.cpe is None or self.kind != "mhla" or self.out_norm is not None or self.out_gate is not None:
+        if self.cpe is None or self.kind != "mhla" or self.out_norm is not None or self.out_gate is not None \
+                or not self.core.takes_cpe:
             return False
         if torch.compiler.is_compiling() or not fused_cpe_device(v) or resolve_backend(None, v.device) != "triton":
             return False
@@ -211,7 +231,8 @@ class GridSelfAttnProcessor(nn.Module):
         return cpe_add(o, v, cpe.weight, cpe.bias, grid)
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind!r}, rope_features={self.rope_features}"
+        per_head = ", out_norm='per_head'" if self.out_norm_per_head else ""
+        return f"kind={self.kind!r}, rope_features={self.rope_features}{per_head}"
 
 
 class WanMHLAProcessor(GridSelfAttnProcessor):
