@@ -89,8 +89,8 @@ def _runs(ids):
 @pytest.mark.parametrize("L,b,sizes", AXIS_SIZES)
 def test_block_sizes_along_an_axis_follow_the_floor_rule(L, b, sizes):
     assert sum(sizes) == L and len(sizes) == b
-    for name, ids in (("package", token_block_ids((L,), (b,)).tolist()), ("oracle", oracle_block_ids((L,), (b,)).tolist())):
-        assert _runs(ids) == (sizes, list(range(b))), f"{name}: L={L}, b={b} gives {ids}"
+    for name, ids in (("package", token_block_ids((L,), (b,))), ("oracle", oracle_block_ids((L,), (b,)))):
+        assert _runs(ids.tolist()) == (sizes, list(range(b))), f"{name}: L={L}, b={b} gives {ids.tolist()}"
     starts = [sum(sizes[:j]) for j in range(b)]
     assert block_bounds(L, b) == [(s, s + n) for s, n in zip(starts, sizes)]
 
