@@ -233,8 +233,8 @@ def test_out_of_bounds_gets_the_message_not_a_stack_trace(served, endpoint, args
 
 def test_model_info_names_the_checkpoint_and_its_card(served):
     app, *_ = served
-    assert app.info("video", "mhla") == ("video-mhla: trained 1,200 training steps, 38,400 clips seen; "
-                                         "scores: digit_ok 0.5, direction_ok 0.25")
+    assert app.info("video", "mhla") == ("<details><summary>video-mhla: 1,200 training steps; digit_ok 0.5, "
+                                         "direction_ok 0.25</summary>\n\n- training: 38,400 clips seen\n\n</details>")
     assert "untrained" in app.info("image", "linear") and "not measured" in app.info("image", "linear")
     assert app.offered("video") == ["sdpa", "mhla"] and app.info("video", "linear") == ""
 

@@ -2,6 +2,7 @@
 and the default model set."""
 
 import math
+import re
 
 import gradio as gr
 import numpy as np
@@ -299,9 +300,10 @@ def test_model_info_reads_the_card(tmp_path):
          "measured_on": "512 clips"}))
     (tmp_path / "image-sdpa" / "card.json").write_text("{not json")
     m = models.default_models(tmp_path)
-    assert models.model_info(m, "video", "mhla") == ("video-mhla: trained 40,000 training steps, 2,560,000 clips "
-                                                     "seen; scores: digit_ok 0.912, direction_ok 1.0, fid 12 (512 clips)")
+    assert models.model_info(m, "video", "mhla") == "video-mhla: 40,000 training steps; digit_ok 0.912, direction_ok 1.0, fid 12"
+    assert models.model_details(m, "video", "mhla") == "- training: 2,560,000 clips seen\n- scores measured on: 512 clips"
     assert models.model_info(m, "video", "sdpa") == "video-sdpa: trained (steps not recorded); scores: not measured"
+    assert models.model_details(m, "video", "sdpa") == ""
     assert "card.json unreadable" in models.model_info(m, "image", "sdpa")
 
 
@@ -315,10 +317,45 @@ def test_encoder_info_says_what_each_text_encoder_is(tmp_path):
         {"trained_steps": 274, "scores": {"digit": 0.7, "direction": 1.0}, "measured_on": "120 clips"}))
     m = models.default_models(tmp_path)
     assert models.encoder_info(m, "FlashAttention").startswith("FlashAttention: the real all-MiniLM-L6-v2")
-    assert models.encoder_info(m, "MLRA") == ("MLRA (text-mlra): trained 274 training steps; scores: digit 0.7, "
-                                              "direction 1.0 (120 clips)")
+    assert models.encoder_info(m, "MLRA") == "MLRA (text-mlra): 274 training steps; digit 0.7, direction 1.0"
+    assert models.encoder_details(m, "MLRA") == "- scores measured on: 120 clips"
     assert "not distilled (minilm-hla)" in models.encoder_info(m, "HLA")   # no text-hla/ folder here
     assert models.encoder_info(m, "T5") == ""
+
+
+def test_shipped_image_models_carry_their_fid_and_every_info_line_is_one_line(tmp_path):
+    """The shipped image checkpoints' cards hold the FID / KID of docs/RESULTS.md (the raw file of that table:
+    image-mhla is its mhla + CPE run), and what each model is shows as one short line on the page, the
+    rest of its card under it on a click."""
+    import json
+    from pathlib import Path
+
+    from mediagen.app.handlers import MediagenApp
+    from mediagen.pipelines.shipping import checkpoints_dir
+
+    repo = Path(models.__file__).resolve().parents[2]
+    raw = json.loads((repo / "docs" / "results" / "dit-mnist-4500.json").read_text())
+    for label, run in (("sdpa", "sdpa"), ("mhla", "mhla-cpe"), ("linear", "linear")):
+        card = models.read_card(checkpoints_dir() / f"image-{label}")
+        measured = raw["runs"][run]
+        assert card["trained_steps"] == raw["step"]
+        assert card["scores"]["fid"] == pytest.approx(measured["fid_mnist"]["fid"], abs=0.005)
+        assert card["scores"]["kid"] == pytest.approx(measured["fid_mnist"]["kid"], abs=0.005)
+        assert card["scores"]["fid_effnet"] == pytest.approx(measured["fid_effnet_lite0"]["fid"], abs=0.005)
+        assert card["scores"]["kid_effnet"] == pytest.approx(measured["fid_effnet_lite0"]["kid"], abs=5e-5)
+        assert "mnist-all" in card["measured_on"] and "30 Euler steps" in card["measured_on"]
+    shipped = models.default_models()
+    mhla_config = json.loads((checkpoints_dir() / "image-mhla" / "transformer" / "config.json").read_text())
+    assert mhla_config["mediagen_attention"]["cpe_kernel"]                   # the mhla + CPE row
+    app = MediagenApp(shipped, device="cpu", output_dir=tmp_path / "out")
+    for family in ("image", "video"):
+        for attention in shipped.source(family).offered():
+            line = models.model_info(shipped, family, attention)
+            assert "not measured" not in line and "not recorded" not in line and len(line) <= 100, line
+            page = app.info(family, attention)
+            summary = re.fullmatch(r"<details><summary>(.*)</summary>\n\n(- .*)\n\n</details>", page, re.S)
+            assert summary and summary[1] == line and "measured on" in summary[2], page
+    assert "fid 18.15" in models.model_info(shipped, "image", "mhla")
 
 
 # --- Compare: progress names the configuration; blank output is not rewarded; table fits ------

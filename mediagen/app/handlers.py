@@ -19,7 +19,8 @@ import gradio as gr
 from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
-from .models import ModelCache, ModelSet, default_models, encoder_info, model_info
+from .models import (ModelCache, ModelSet, default_models, encoder_details, encoder_info, info_markdown,
+                     model_details, model_info)
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
@@ -115,14 +116,18 @@ class MediagenApp:
         return self.cache.models.source(family).offered()
 
     def info(self, family: str, attention) -> str:
-        """The info line of the model behind (family, attention), for the page."""
+        """The info line of the model behind (family, attention), for the page: one line, the card's
+        details under it on a click."""
         if attention not in self.offered(family):
             return ""
-        return model_info(self.cache.models, family, attention)
+        return info_markdown(model_info(self.cache.models, family, attention),
+                             model_details(self.cache.models, family, attention))
 
     def encoder_info(self, label) -> str:
-        """The info line of the text encoder behind ``label``, for the page."""
-        return encoder_info(self.cache.models, label) if isinstance(label, str) else ""
+        """The info line of the text encoder behind ``label``, for the page (as ``info``)."""
+        if not isinstance(label, str):
+            return ""
+        return info_markdown(encoder_info(self.cache.models, label), encoder_details(self.cache.models, label))
 
     # --- time: estimated before a run, measured after it -----------------------------------
     def _timed(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float, run,

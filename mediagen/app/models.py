@@ -30,12 +30,14 @@ attention choice. Every key is optional:
       "note": "one line shown as is"
     }
 
-Without a card (or without "scores") the info line says "scores: not measured".
+The info line is one line (name, training steps, scores; "scores: not measured" without a card or
+without "scores"); the samples seen, "measured_on" and "note" open under it on a click.
 """
 
 from __future__ import annotations
 
 import copy
+import html
 import json
 import math
 import threading
@@ -136,42 +138,65 @@ def model_name(models: "ModelSet", family: str, attention: str) -> str:
 
 
 def model_info(models: "ModelSet", family: str, attention: str) -> str:
-    """One line saying what the model behind (family, attention) is: trained steps and scores from
-    its card, "not measured" without them; untrained models say so."""
+    """One short line saying what the model behind (family, attention) is: training steps and scores
+    from its card, "not measured" without them; untrained models say so. The rest of the card (what
+    the scores were measured on, its note) is ``model_details``."""
     src = models.source(family)
     name = model_name(models, family, attention)
     if attention not in src.trained:
         source = "converted from the sdpa checkpoint" if "sdpa" in src.trained else "random weights"
         return f"{name}: untrained ({source}), outputs are not meaningful; scores: not measured"
-    return f"{name}: {_card_summary(read_card(src.trained[attention]))}"
+    return f"{name}: {_card_line(read_card(src.trained[attention]))}"
 
 
-def _card_summary(card: dict) -> str:
-    """What a model card says, as the info lines show it: "trained ...; scores: ...; note"."""
+def model_details(models: "ModelSet", family: str, attention: str) -> str:
+    """The model card beyond its one line (markdown bullets), "" when there is nothing more."""
+    src = models.source(family)
+    return _card_details(read_card(src.trained[attention])) if attention in src.trained else ""
+
+
+def _card_line(card: dict) -> str:
+    """What a model card says in one line: "11,223 training steps; digit 0.965, direction 1.0"."""
     if "error" in card:
         return f"trained; {card['error']}; scores: not measured"
-    parts = []
-    if "trained_steps" in card:
-        parts.append(f"{_count(card['trained_steps'])} training steps")
-    for key, noun in (("clips_seen", "clips"), ("images_seen", "images")):
-        if key in card:
-            parts.append(f"{_count(card[key])} {noun} seen")
-    trained = "trained " + ", ".join(parts) if parts else "trained (steps not recorded)"
+    steps = (f"{_count(card['trained_steps'])} training steps" if "trained_steps" in card
+             else "trained (steps not recorded)")
     scores = card.get("scores")
     if isinstance(scores, dict) and scores:
-        measured = "; scores: " + ", ".join(f"{k} {_score(v)}" for k, v in scores.items())
-        if card.get("measured_on"):
-            measured += f" ({card['measured_on']})"
-    else:
-        measured = "; scores: not measured"
-    note = f"; {card['note']}" if card.get("note") else ""
-    return f"{trained}{measured}{note}"
+        return f"{steps}; " + ", ".join(f"{k} {_score(v)}" for k, v in scores.items())
+    return f"{steps}; scores: not measured"
+
+
+def _card_details(card: dict) -> str:
+    """The rest of a card, as markdown bullets: samples seen, what the scores were measured on, the note."""
+    if "error" in card:
+        return ""
+    lines = []
+    seen = [f"{_count(card[key])} {noun} seen" for key, noun in (("clips_seen", "clips"), ("images_seen", "images"))
+            if key in card]
+    if seen:
+        lines.append("training: " + ", ".join(seen))
+    if card.get("measured_on") and isinstance(card.get("scores"), dict) and card["scores"]:
+        lines.append(f"scores measured on: {card['measured_on']}")
+    if card.get("note"):
+        lines.append(str(card["note"]))
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def info_markdown(line: str, details: str = "") -> str:
+    """An info line for the page: the line itself, and when there are details, the line as the summary of
+    a collapsed ``<details>`` element that opens on a click (a card's full text ran to seven lines and
+    pushed the controls below it down)."""
+    if not details:
+        return line
+    return f"<details><summary>{html.escape(line)}</summary>\n\n{details}\n\n</details>"
 
 
 def encoder_info(models: "ModelSet", label: str) -> str:
     """One line saying what the text encoder behind ``label`` is: the real MiniLM, a distilled encoder
-    (its folder's card.json: distillation steps, scores), or MiniLM's weights in other attention layers
-    without distillation, which the video models cannot read as they were trained to."""
+    (its folder's card.json: distillation steps, scores; the rest in ``encoder_details``), or MiniLM's
+    weights in other attention layers without distillation, which the video models cannot read as they
+    were trained to."""
     name = models.text_encoders.get(label)
     if name is None:
         return ""
@@ -181,7 +206,15 @@ def encoder_info(models: "ModelSet", label: str) -> str:
     if not (Path(name) / "config.json").is_file():
         return (f"{label}: all-MiniLM-L6-v2's weights in {label} attention layers, not distilled ({name}): the "
                 "video models do not read its states as they were trained to; scores: not measured")
-    return f"{label} ({Path(name).name}): {_card_summary(read_card(name))}"
+    return f"{label} ({Path(name).name}): {_card_line(read_card(name))}"
+
+
+def encoder_details(models: "ModelSet", label: str) -> str:
+    """The distilled encoder's card beyond its one line, "" when there is nothing more."""
+    name = models.text_encoders.get(label)
+    if name is None or name == "minilm" or not (Path(name) / "config.json").is_file():
+        return ""
+    return _card_details(read_card(name))
 
 
 def describe_models(models: "ModelSet") -> str:
