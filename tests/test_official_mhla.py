@@ -290,3 +290,458 @@ def test_per_head_out_norm_and_gate_in_a_wan_layer():
                                       out_norm=True)
     assert heads_together.blocks[0].attn1.processor.out_norm.weight.shape == (32,)
 
+
+
+# --- a small official Wan, re-written from the published structure (original Wan names) ------------------
+
+
+class WanRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_params(max_len, dim, theta=10000):
+    freqs = torch.outer(torch.arange(max_len), 1.0 / torch.pow(theta, torch.arange(0, dim, 2).double().div(dim)))
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def rope_apply(x, grid, freqs):
+    """The published rope_apply: channel pairs as complex numbers times the (frame, row, column) angles, fp64."""
+    n, c = x.size(2), x.size(3) // 2
+    f, h, w = grid
+    parts = freqs.split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
+    table = torch.cat([parts[0][:f].view(f, 1, 1, -1).expand(f, h, w, -1),
+                       parts[1][:h].view(1, h, 1, -1).expand(f, h, w, -1),
+                       parts[2][:w].view(1, 1, w, -1).expand(f, h, w, -1)], dim=-1).reshape(f * h * w, 1, -1)
+    xc = torch.view_as_complex(x.double().reshape(x.shape[0], f * h * w, n, -1, 2))
+    return torch.view_as_real(xc * table).flatten(3).float()
+
+
+class OfficialSoftmaxAttention(nn.Module):  # WanSelfAttention (and the cross-attention's projections)
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.norm_q, self.norm_k = WanRMSNorm(dim), WanRMSNorm(dim)
+
+    def forward(self, x, grid, freqs, context=None):
+        b, d = x.shape[0], x.shape[2] // self.heads
+        src = x if context is None else context
+        q = self.norm_q(self.q(x)).view(b, -1, self.heads, d)
+        k = self.norm_k(self.k(src)).view(b, -1, self.heads, d)
+        v = self.v(src).view(b, -1, self.heads, d)
+        if context is None:
+            q, k = rope_apply(q, grid, freqs), rope_apply(k, grid, freqs)
+        o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+        return self.o(o.flatten(2))
+
+
+class BlockDistanceConv(nn.Module):  # the official Mc holder: a 1x1 convolution over blocks
+    def __init__(self, M):
+        super().__init__()
+        self.conv = nn.Conv2d(M, M, 1, bias=False)
+
+
+class OfficialWanMHLA(nn.Module):  # MHLA_Video_Uni
+    def __init__(self, dim, heads, block_layout, gated, lepe, normalize_out, eps=1e-6):
+        super().__init__()
+        self.heads, self.head_dim, self.blocks, self.eps, self.normalize_out = heads, dim // heads, block_layout, \
+            eps, normalize_out
+        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+        self.g = nn.Linear(dim, dim) if gated else None
+        self.g_norm = WanRMSNorm(dim // heads, eps=eps)
+        self.norm_q, self.norm_k = WanRMSNorm(dim, eps=eps), WanRMSNorm(dim, eps=eps)
+        self.block_attn = BlockDistanceConv(math.prod(block_layout))
+        self.lepe = nn.Conv3d(dim, dim, 3, 1, 1, groups=dim) if lepe else None
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x, grid, freqs):
+        B, N, C = x.shape
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        lepe = None if self.lepe is None else self.lepe(v.transpose(1, 2).reshape(B, C, *grid)).flatten(2).transpose(1, 2)
+        q, k, v = self.norm_q(q.float()), self.norm_k(k.float()), v.float()
+        q, k = torch.relu(q) + self.eps, torch.relu(k) + self.eps
+        q, k, v = (t.unflatten(2, (self.heads, -1)) for t in (q, k, v))
+        q_rope, k_rope = rope_apply(q, grid, freqs), rope_apply(k, grid, freqs)
+        out = official_core_on_features(q, k, v, q_rope, k_rope, self.block_attn.conv, grid, self.blocks, self.eps,
+                                        self.normalize_out)
+        out = self.g_norm(out).flatten(2)
+        if self.g is not None:
+            out = out * F.silu(self.g(x))
+        if lepe is not None:
+            out = out + lepe
+        return self.o(out)
+
+
+def official_core_on_features(q, k, v, q_rope, k_rope, conv, grid, blocks, eps, normalize):
+    """The published block-major part, from features on: (B, N, H, D) in, (B, N, H, D) out."""
+    B, N, H, D = q.shape
+    sizes = [L // b for L, b in zip(grid, blocks)]
+    a = len(grid)
+
+    def pieces(t):
+        split = [B] + [d for b, s in zip(blocks, sizes) for d in (b, s)] + [H, D]
+        order = [0, 2 * a + 1] + [1 + 2 * i for i in range(a)] + [2 + 2 * i for i in range(a)] + [2 * a + 2]
+        return t.reshape(split).permute(order).reshape(B * H, math.prod(blocks), math.prod(sizes), D)
+
+    q, k, v, q_rope, k_rope = map(pieces, (q, k, v, q_rope, k_rope))
+    out = torch.matmul(q_rope, conv(torch.matmul(k_rope.transpose(-2, -1), v)))
+    if normalize:
+        out = out / (conv(torch.matmul(q, k.transpose(-2, -1).sum(-1, keepdim=True))) + eps)
+    out = out.reshape([B, H] + list(blocks) + sizes + [D])
+    order = [0] + [d for i in range(a) for d in (2 + i, 2 + a + i)] + [1, 2 + 2 * a]
+    return out.permute(order).reshape(B, N, H, D)
+
+
+class OfficialWanBlock(nn.Module):  # WanAttentionBlock (t2v, cross_attn_norm=True)
+    def __init__(self, dim, ffn_dim, heads, mhla, **mhla_kwargs):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.self_attn = OfficialWanMHLA(dim, heads, **mhla_kwargs) if mhla else OfficialSoftmaxAttention(dim, heads)
+        self.norm3 = nn.LayerNorm(dim, eps=1e-6)
+        self.cross_attn = OfficialSoftmaxAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5)
+
+    def forward(self, x, e, grid, freqs, context):
+        e = (self.modulation + e).chunk(6, dim=1)
+        x = x + self.self_attn(self.norm1(x) * (1 + e[1]) + e[0], grid, freqs) * e[2]
+        x = x + self.cross_attn(self.norm3(x), grid, freqs, context=context)
+        return x + self.ffn(self.norm2(x) * (1 + e[4]) + e[3]) * e[5]
+
+
+class OfficialWanHead(nn.Module):
+    def __init__(self, dim, out_dim, patch):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.head = nn.Linear(dim, math.prod(patch) * out_dim)
+        self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim ** 0.5)
+
+    def forward(self, x, e):
+        e = (self.modulation + e.unsqueeze(1)).chunk(2, dim=1)
+        return self.head(self.norm(x) * (1 + e[1]) + e[0])
+
+
+class OfficialWan(nn.Module):  # WanLinearAttentionModel with attn_type="mhla_uni"
+    def __init__(self, mhla_layers, dim=32, heads=2, ffn_dim=64, layers=3, in_dim=1, text_dim=32, freq_dim=256,
+                 patch=(1, 2, 2), **mhla_kwargs):
+        super().__init__()
+        self.dim, self.freq_dim, self.patch, self.out_dim = dim, freq_dim, patch, in_dim
+        self.patch_embedding = nn.Conv3d(in_dim, dim, kernel_size=patch, stride=patch)
+        self.text_embedding = nn.Sequential(nn.Linear(text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
+        self.time_embedding = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
+        self.blocks = nn.ModuleList(OfficialWanBlock(dim, ffn_dim, heads, i in mhla_layers, **mhla_kwargs)
+                                    for i in range(layers))
+        self.head = OfficialWanHead(dim, in_dim, patch)
+        d = dim // heads
+        self.freqs = torch.cat([rope_params(1024, d - 4 * (d // 6)), rope_params(1024, 2 * (d // 6)),
+                                rope_params(1024, 2 * (d // 6))], dim=1)
+
+    def forward(self, x, t, context):
+        x = self.patch_embedding(x)
+        grid = tuple(x.shape[2:])
+        x = x.flatten(2).transpose(1, 2)
+        half = self.freq_dim // 2
+        sinusoid = torch.outer(t.double(), torch.pow(10000, -torch.arange(half).double().div(half)))
+        e = self.time_embedding(torch.cat([sinusoid.cos(), sinusoid.sin()], dim=1).float())
+        e0 = self.time_projection(e).unflatten(1, (6, self.dim))
+        context = self.text_embedding(context)
+        for block in self.blocks:
+            x = block(x, e0, grid, self.freqs, context)
+        x = self.head(x, e)
+        c, (f, h, w) = self.out_dim, grid
+        x = x.view(x.shape[0], f, h, w, *self.patch, c)
+        x = torch.einsum("bfhwpqrc->bcfphqwr", x)
+        return x.reshape(x.shape[0], c, *(g * p for g, p in zip(grid, self.patch)))
+
+
+def randomise_(module, seed):
+    """Random values in every parameter (norm weights near 1, Mc in [0, 1 / M]) so no weight is its init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("conv.weight") and p.dim() == 4 and p.shape[2:] == (1, 1):
+                p.copy_(torch.rand(p.shape, generator=g) / p.shape[0])
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.1))
+    return module
+
+
+def close(got, want):
+    """Equal up to fp32 rounding through a few layers: 1e-5 of the output's scale."""
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def wan_input(seed=7, grid=(4, 6, 6), batch=2):
+    g = torch.Generator().manual_seed(seed)
+    f, h, w = grid
+    return (torch.randn(batch, 1, f, 2 * h, 2 * w, generator=g), torch.tensor([3.0, 7.5])[:batch],
+            torch.randn(batch, 5, 32, generator=g))
+
+
+@pytest.mark.parametrize("kind", ["recipe", "hybrid-lepe", "normalised"])
+def test_an_official_wan_checkpoint_loads_with_identical_outputs(kind, tmp_path, one_thread):
+    """The published Wan recipe (every layer MHLA, gated, norm_output false), a hybrid with a LePE and softmax in
+    layers 0 and 3, and a model trained with the denominator (norm_output true: the official one)."""
+    layers, blocks = 4, (2, 3, 2)
+    mhla = {"recipe": set(range(layers)), "hybrid-lepe": {1, 2}, "normalised": {0, 1, 2, 3}}[kind]
+    normalize = kind == "normalised"
+    official = randomise_(OfficialWan(mhla, layers=layers, block_layout=blocks, gated=kind != "hybrid-lepe",
+                                      lepe=kind == "hybrid-lepe", normalize_out=normalize), seed=1).eval()
+    sd = official.state_dict()
+    assert "blocks.1.self_attn.block_attn.conv.weight" in sd and "blocks.0.cross_attn.norm_k.weight" in sd
+
+    model = load_official_state_dict(tiny_wan(num_layers=layers), sd, blocks=blocks, norm_output=normalize)
+    spec = model.config.mediagen_attention
+    assert spec["layers"] == ["mhla" if i in mhla else "sdpa" for i in range(layers)]
+    assert spec["out_norm"] == "per_head" and spec["denominator"] == ("official" if normalize else "paper")
+    x, t, text = wan_input()
+    with torch.no_grad():
+        want = official(x, t, text)
+        got = model(x, t, text, return_dict=False)[0]
+    assert want.abs().max() > 0.1
+    close(got, want)
+
+    model.save_pretrained(tmp_path)  # a converted model like any other: it loads back with the same outputs
+    with torch.no_grad():
+        assert torch.equal(load_transformer(tmp_path).eval()(x, t, text, return_dict=False)[0], got)
+
+
+def test_a_wan_checkpoint_from_a_safetensors_file_and_what_it_refuses(tmp_path):
+    from safetensors.torch import save_file
+
+    official = randomise_(OfficialWan({0, 1}, layers=2, block_layout=(1, 3, 2), gated=True, lepe=False,
+                                      normalize_out=False), seed=2).eval()
+    sd = official.state_dict()
+    path = tmp_path / "wan-mhla.safetensors"
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    model = load_official_state_dict(tiny_wan(num_layers=2), str(path), blocks=(1, 3, 2))
+    x, t, text = wan_input(grid=(2, 6, 4))
+    with torch.no_grad():
+        close(model(x, t, text, return_dict=False)[0], official(x, t, text))
+
+    def refused(state_dict, match, **kw):
+        with pytest.raises(ValueError, match=match) as err:
+            load_official_state_dict(tiny_wan(num_layers=2), state_dict, **kw)
+        assert "\n" not in str(err.value)
+
+    refused(str(tmp_path / "wan.pth"), r"state_dict=.*wan\.pth.*not allowed.*safetensors")
+    refused({"state_dict": sd}, r"nested 'state_dict'.*checkpoint\['state_dict'\]")
+    refused(sd, r"blocks=\(3, 5, 10\) makes 150 blocks but the checkpoint's Mc is 6 x 6")   # the official default
+    refused(sd, r"blocks=\(2, 2\) is not allowed", blocks=(2, 2))
+    refused(dict(sd, **{"blocks.0.self_attn.extra.weight": torch.ones(2)}),
+            r"1 checkpoint parameter\(s\) have no place.*blocks\.0\.self_attn\.extra\.weight", blocks=(1, 3, 2))
+    refused({k: v for k, v in sd.items() if k != "blocks.1.ffn.2.bias"},
+            r"1 model parameter\(s\) get no value \(blocks\.1\.ffn\.net\.2\.bias\)", blocks=(1, 3, 2))
+    refused({k: v for k, v in sd.items() if k != "blocks.1.self_attn.g.weight"}, r"differ in gating",
+            blocks=(1, 3, 2))
+    refused(sd, r"norm_output='no' is not allowed", blocks=(1, 3, 2), norm_output="no")
+    refused(sd, r"eps=0 is not allowed", blocks=(1, 3, 2), eps=0)
+
+
+# --- a small official DiT, re-written from the published structure (facebookresearch DiT names) -----------
+
+
+class OfficialDiTMHLA(nn.Module):  # MHLA4DiT
+    def __init__(self, dim, heads, blocks_per_side, eps=1e-6):
+        super().__init__()
+        self.heads, self.side, self.eps = heads, blocks_per_side, eps
+        self.norm = nn.LayerNorm(dim)
+        self.to_qkv = nn.Linear(dim, 3 * dim, bias=True)
+        self.lepe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.piece_attn = BlockDistanceConv(blocks_per_side ** 2)
+        self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(0.1))
+
+    def forward(self, x):
+        """x: (B, pieces, block_size, C), tokens block-major as the published layer takes them."""
+        x = self.norm(x)
+        B, P, W, C = x.shape
+        s, r = self.side, math.isqrt(W)  # blocks per side, tokens per block side
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        image = v.reshape(B, s, s, r, r, C).permute(0, 5, 1, 3, 2, 4).reshape(B, C, s * r, s * r)
+        lepe = self.lepe(image).reshape(B, C, s, r, s, r).permute(0, 2, 4, 3, 5, 1).reshape(B, P, W, C)
+        q, k = torch.relu(q) + self.eps, torch.relu(k) + self.eps
+        q, k, v = (t.reshape(B, P, W, self.heads, -1).permute(0, 3, 1, 2, 4).reshape(B * self.heads, P, W, -1)
+                   for t in (q, k, v))
+        k = k.transpose(-2, -1)
+        conv = self.piece_attn.conv
+        out = torch.matmul(q, conv(torch.matmul(k, v))) / (conv(torch.matmul(q, k.sum(-1, keepdim=True))) + self.eps)
+        out = out.reshape(B, self.heads, P, W, -1).permute(0, 2, 3, 1, 4).reshape(B, P, W, C)
+        return self.to_out(out + lepe)
+
+
+class Mlp(nn.Module):  # timm's Mlp as DiT builds it
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class OfficialDiTBlock(nn.Module):  # DiTBlock_MHLA
+    def __init__(self, dim, heads, blocks_per_side):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = OfficialDiTMHLA(dim, heads, blocks_per_side)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(dim, 4 * dim)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+
+    def forward(self, x, c):
+        shift, scale, gate, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=1)
+        B, N, C = x.shape
+        P = self.attn.side ** 2
+        h = (self.norm1(x) * (1 + scale[:, None]) + shift[:, None]).reshape(B, P, N // P, C)
+        x = x + gate[:, None] * self.attn(h).reshape(B, N, C)
+        return x + gate2[:, None] * self.mlp(self.norm2(x) * (1 + scale2[:, None]) + shift2[:, None])
+
+
+def sincos_2d(dim, side):
+    """MAE's fixed 2D sin-cos table (get_2d_sincos_pos_embed), (side * side, dim)."""
+    def one_axis(d, pos):
+        omega = 1.0 / 10000 ** (torch.arange(d // 2, dtype=torch.float64) / (d / 2.0))
+        out = torch.outer(pos.reshape(-1), omega)
+        return torch.cat([out.sin(), out.cos()], dim=1)
+
+    grid_w, grid_h = torch.meshgrid(torch.arange(side, dtype=torch.float64), torch.arange(side, dtype=torch.float64),
+                                    indexing="xy")
+    return torch.cat([one_axis(dim // 2, grid_w), one_axis(dim // 2, grid_h)], dim=1)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, in_dim, dim, patch):
+        super().__init__()
+        self.proj = nn.Conv2d(in_dim, dim, patch, patch)
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, dim, freq_dim=256):
+        super().__init__()
+        self.mlp, self.freq_dim = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim)), freq_dim
+
+    def forward(self, t):
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
+        args = t[:, None].float() * freqs[None]
+        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
+
+
+class LabelEmbedder(nn.Module):
+    def __init__(self, classes, dim):
+        super().__init__()
+        self.embedding_table = nn.Embedding(classes + 1, dim)
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, dim, patch, out_dim):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(dim, patch * patch * out_dim)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+
+    def forward(self, x, c):
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(self.norm_final(x) * (1 + scale[:, None]) + shift[:, None])
+
+
+class OfficialDiT(nn.Module):  # DiT_MHLA (learn_sigma=False), block_size tokens per block
+    def __init__(self, input_size=8, patch=2, in_dim=1, dim=32, heads=2, layers=2, classes=10, block_size=4):
+        super().__init__()
+        self.patch, self.out_dim, self.side = patch, in_dim, input_size // patch
+        self.piece = math.isqrt(block_size)
+        self.x_embedder = PatchEmbed(in_dim, dim, patch)
+        self.t_embedder = TimestepEmbedder(dim)
+        self.y_embedder = LabelEmbedder(classes, dim)
+        self.pos_embed = nn.Parameter(sincos_2d(dim, self.side).float()[None], requires_grad=False)
+        self.blocks = nn.ModuleList(OfficialDiTBlock(dim, heads, self.side // self.piece) for _ in range(layers))
+        self.final_layer = FinalLayer(dim, patch, in_dim)
+
+    def forward(self, x, t, y):
+        x = self.x_embedder.proj(x).flatten(2).transpose(1, 2) + self.pos_embed
+        B, N, C = x.shape
+        s, r = self.side // self.piece, self.piece
+        x = x.reshape(B, s, r, s, r, C).permute(0, 1, 3, 2, 4, 5).reshape(B, N, C)       # rearrange_patches
+        c = self.t_embedder(t) + self.y_embedder.embedding_table(y)
+        for block in self.blocks:
+            x = block(x, c)
+        x = self.final_layer(x, c)
+        x = x.reshape(B, s, s, r, r, -1).permute(0, 1, 3, 2, 4, 5).reshape(B, self.side, self.side, -1)
+        p = self.patch
+        x = x.reshape(B, self.side, self.side, p, p, self.out_dim)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(B, self.out_dim, self.side * p, self.side * p)
+
+
+def randomise_dit_(official, seed):
+    randomise_(official, seed)
+    with torch.no_grad():
+        official.pos_embed.copy_(sincos_2d(official.pos_embed.shape[-1], official.side).float()[None])
+    return official
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_an_official_dit_checkpoint_loads_with_identical_outputs(block_size, tmp_path):
+    official = randomise_dit_(OfficialDiT(block_size=block_size), seed=3).eval()
+    sd = official.state_dict()
+    assert {"blocks.0.attn.to_qkv.weight", "blocks.1.attn.piece_attn.conv.weight", "pos_embed"} <= set(sd)
+    model = load_official_state_dict(tiny_dit(num_layers=2, norm_eps=1e-6), sd)
+    spec = model.config.mediagen_attention
+    side = 4 // math.isqrt(block_size)
+    assert spec["blocks"] == [side, side] and spec["denominator"] == "official" and spec["in_norm"]
+    g = torch.Generator().manual_seed(5)
+    x, t, y = torch.randn(2, 1, 8, 8, generator=g), torch.tensor([10.0, 700.0]), torch.tensor([3, 10])
+    with torch.no_grad():
+        want = official(x, t, y)
+        got = model(x, t, y, return_dict=False)[0]
+    assert want.abs().max() > 0.1
+    close(got, want)
+
+    # diffusers' config does not keep the official timestep sinusoid: a saved copy needs it set again
+    model.save_pretrained(tmp_path)
+    back = load_transformer(tmp_path).eval()
+    with torch.no_grad():
+        assert not torch.allclose(back(x, t, y, return_dict=False)[0], want, atol=1e-3)
+        use_official_timesteps(back)
+        assert torch.equal(back(x, t, y, return_dict=False)[0], got)
+
+
+def test_a_dit_checkpoint_that_does_not_fit_is_refused():
+    sd = randomise_dit_(OfficialDiT(), seed=4).state_dict()
+
+    def refused(model, state_dict, match, **kw):
+        with pytest.raises(ValueError, match=match) as err:
+            load_official_state_dict(model, state_dict, **kw)
+        assert "\n" not in str(err.value)
+
+    refused(tiny_dit(num_layers=2), sd, r"norm_eps=1e-05.*1e-6")
+    refused(tiny_dit(num_layers=3, norm_eps=1e-6), sd, r"every block.*2 blocks and the model has 3")
+    refused(tiny_dit(num_layers=2, norm_eps=1e-6), sd, r"blocks=\(2, 1\) makes 2 blocks.*4 x 4", blocks=(2, 1))
+    refused(tiny_dit(num_layers=2, norm_eps=1e-6), sd, r"norm_output=False is not allowed for a DiT",
+            norm_output=False)
+    refused(tiny_dit(num_layers=2, norm_eps=1e-6), dict(sd, **{"blocks.0.attn.q_norm.weight": torch.ones(32)}),
+            r"qk_norm=True")
+    refused(tiny_dit(num_layers=2, norm_eps=1e-6), dict(sd, pos_embed=sd["pos_embed"] + 0.1), r"pos_embed")
+    refused(tiny_wan(num_layers=2), sd, r"no MHLA layer .*not an official Wan MHLA checkpoint")
+    with pytest.raises(ValueError, match=r"use_official_timesteps is for DiT models"):
+        use_official_timesteps(tiny_wan(num_layers=1))
+
+
+def test_official_options_name_every_convention():
+    wan = official_options("wan", gated=True)
+    assert wan == dict(feature_map="relu", feature_eps=1e-6, eps=1e-6, mix_init="official", per_head_mix=False,
+                       rope="features", normalize=False, denominator="paper", scale=None, out_norm="per_head",
+                       out_gate=True, cpe_kernel=0, in_norm=False)
+    assert official_options("wan", norm_output=True)["denominator"] == "official"
+    assert official_options("dit")["cpe_kernel"] == 3 and official_options("dit")["in_norm"]
+    AttentionSpec(layers=["mhla"], blocks=[2, 2], **official_options("dit"))  # valid values
+    with pytest.raises(ValueError, match="family='sana' is not allowed"):
+        official_options("sana")
