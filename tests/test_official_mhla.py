@@ -237,6 +237,11 @@ def test_official_denominator_needs_equal_blocks():
                                          r".*blocks=\(2, 2\)"):
         mhla_attend(q, k, v, mix, (5, 6), (2, 2), denominator="official")
     mhla_attend(q, k, v, mix, (5, 6), (2, 2))  # ours cuts ragged blocks
+    with pytest.raises(ValueError, match=r"denominator='official' needs blocks.*grid=\(3, 4, 6\).*blocks=\(2, 2, 2\)"):
+        mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[2, 2, 2], grid=(3, 4, 6), rope="features",
+                         denominator="official")
+    mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[3, 2, 2], grid=(3, 4, 6), rope="features",
+                     denominator="official")
 
 
 @pytest.mark.parametrize("kwargs,words", [

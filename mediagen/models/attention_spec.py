@@ -187,6 +187,17 @@ class AttentionSpec:
         return (kind, used)
 
 
+def check_denominator_grid(spec: AttentionSpec, grid: Sequence[int]) -> None:
+    """The official denominator reads the query at the same position of every block, so it needs blocks of
+    one size: with denominator='official' (and normalize) every block count must divide its grid axis."""
+    if spec.blocks is None or not spec.normalize or spec.denominator != "official" or "mhla" not in spec.layers:
+        return
+    if any(int(g) % b for g, b in zip(grid, spec.blocks)):
+        raise ValueError(f"denominator='official' needs blocks that divide the grid (every block the same size, as "
+                         f"the official code requires); got grid={tuple(int(g) for g in grid)} and "
+                         f"blocks={tuple(spec.blocks)}: use denominator='paper', or blocks that divide each axis")
+
+
 OPTION_NAMES = tuple(f.name for f in fields(AttentionSpec) if f.name != "layers")
 OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionSpec) if f.name != "layers"}
 

@@ -8,7 +8,7 @@ from typing import Sequence
 from ..kernels.mhla.layout import check_grid_blocks
 from .attention_setup import apply_attention, check_head_dims
 from .attention_spec import (CONVERTED_ATTENTIONS, OPTION_DEFAULTS, OPTION_NAMES, AttentionSpec, auto_blocks,
-                             is_int, layer_attentions)
+                             check_denominator_grid, is_int, layer_attentions)
 from .converted import CONFIG_KEY, converted_class_for
 from .families import family_of
 
@@ -31,7 +31,10 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
         reinit: allow replacing layers that are already linear / MHLA by a different attention or
             different options; their Mc (and other new weights) start again from the init.
         **options: the MHLA options of ``AttentionSpec`` (``OPTION_NAMES``): blocks, feature_map,
-            normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope. ``blocks`` is the
+            normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope, and the official MHLA
+            code's conventions denominator, feature_eps, mix_init, in_norm (denominator="official" runs
+            the numerator through the kernels and the division in plain PyTorch ops: slower, and only for
+            blocks that divide the grid). ``blocks`` is the
             block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
             chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N. Options not given (and
             ``blocks=None``) keep the values of an earlier conversion of the model, else take the
@@ -43,7 +46,9 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     asking a linear / MHLA layer for anything else raises unless ``reinit=True``. The options are shared by all linear / MHLA layers, so new options cannot
     be given while layers not named here are linear / MHLA with other options.
 
-    The official Wan2.1 MHLA recipe is ``attention="wan-mhla-h", rope="features", out_norm=True``.
+    The official Wan2.1 MHLA layer is ``mediagen.models.official.official_options("wan", gated=True)``
+    (rope="features", out_norm="per_head", out_gate=True, feature_eps=1e-6, normalize=False; its hybrid is
+    ``attention="wan-mhla-h"``); ``mediagen.models.official.load_official_state_dict`` loads its checkpoints.
     Softmax layers keep the stock processor; to force FlashAttention there use diffusers'
     ``model.set_attention_backend("flash")`` (Wan). SANA's own self-attention is ReLU linear
     attention: ``attention="linear", eps=1e-15`` reproduces it, "mhla" is the paper's SANA-MHLA, and
@@ -113,6 +118,7 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
                              f"{fam.base.__name__}")
         if grid is not None:
             check_grid_blocks(grid, tuple(spec.blocks))
+            check_denominator_grid(spec, grid)
     if isinstance(spec.cpe_kernel, list) and len(spec.cpe_kernel) != fam.ndim:
         raise ValueError(f"cpe_kernel={spec.cpe_kernel} must have {fam.ndim} sizes (one per grid axis) for a "
                          f"{fam.base.__name__}, or be one int")
