@@ -38,6 +38,32 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, full):
     a, b = read_losses(full), read_losses(killed)
     assert a == b                                                  # bitwise, steps 1..12
     assert len(set(a.values())) == 12
+    assert_same_ema_and_pipeline(killed, full)
+
+
+def pipeline_tensors(output_dir) -> dict[str, torch.Tensor]:
+    """Every tensor of the exported pipeline folder, keyed by file and name."""
+    out = {}
+    for path in sorted((output_dir / "pipeline").rglob("*.safetensors")):
+        for k, v in load_file(str(path)).items():
+            out[f"{path.relative_to(output_dir)}:{k}"] = v
+    return out
+
+
+def assert_same_ema_and_pipeline(resumed, full):
+    """The EMA weights are what a run exports and ships, and losses never read them: the EMA of a resumed
+    run (the shadow weights restored, its update count, on which the decay's warm-up depends, saved and
+    restored) and the pipeline written from it equal an uninterrupted run's, bitwise."""
+    last, ref = list_checkpoints(resumed)[-1][1], list_checkpoints(full)[-1][1]
+    assert read_state(last)["ema_updates"] == read_state(ref)["ema_updates"] == 12
+    ema, ema_ref = load_file(str(last / "ema.safetensors")), load_file(str(ref / "ema.safetensors"))
+    assert ema.keys() == ema_ref.keys() and all(torch.equal(ema[k], ema_ref[k]) for k in ema_ref)
+    model = load_file(str(ref / "model.safetensors"))
+    assert any(not torch.equal(ema_ref[k], model[k]) for k in ema_ref)   # the EMA is not just the weights
+    got, want = pipeline_tensors(resumed), pipeline_tensors(full)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    transformer = {k.split(":", 1)[1]: v for k, v in want.items() if k.startswith("pipeline/transformer/")}
+    assert all(torch.equal(transformer[k], ema_ref[k]) for k in ema_ref)   # the pipeline holds the EMA weights
 
 
 def test_kill_during_save_leaves_no_torn_checkpoint(tmp_path, full):
@@ -98,6 +124,7 @@ def test_sigterm_checkpoints_stops_and_resumes_identically(tmp_path, full):
     assert run_training_process([f"output_dir={out}", *ARGS, "checkpoint.resume=latest"]) == DONE
     assert steps_logged(out) == list(range(1, 13))
     assert read_losses(out) == read_losses(full)
+    assert_same_ema_and_pipeline(out, full)
 
 
 def test_trim_metrics_keeps_the_steps_up_to_the_checkpoint(tmp_path):
