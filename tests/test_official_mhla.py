@@ -244,6 +244,20 @@ def test_official_denominator_needs_equal_blocks():
                      denominator="official")
 
 
+def test_what_the_official_denominator_cannot_do_is_refused():
+    """The CPE cannot go inside the op (the division comes after it), and the sequence-parallel op has neither the
+    official denominator nor the feature eps: both say so instead of computing something else."""
+    q, k, v = inputs(1, (4, 4), 2, 16, dtype=torch.float32)
+    layer = MHLAttention((2, 2), denominator="official")
+    with pytest.raises(ValueError, match="cpe= cannot be added inside the op with denominator='official'"):
+        layer(q, k, v, (4, 4), cpe=(torch.zeros(32, 1, 3, 3), torch.zeros(32)))
+    model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[1, 2, 2], rope="features", feature_eps=1e-6)
+    proc = model.blocks[0].attn1.processor
+    proc.sequence_parallel = object()  # any state: the check comes first
+    with pytest.raises(ValueError, match=r"feature_eps=1e-06 / denominator='paper' are not supported sequence-parallel"):
+        proc(model.blocks[0].attn1, torch.randn(1, 12, 32))
+
+
 @pytest.mark.parametrize("kwargs,words", [
     (dict(denominator="own"), "denominator='own' is not allowed"),
     (dict(feature_eps=-1.0), "feature_eps=-1.0 is not allowed"),
