@@ -254,7 +254,7 @@ def test_what_the_official_denominator_cannot_do_is_refused():
     model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[1, 2, 2], rope="features", feature_eps=1e-6)
     proc = model.blocks[0].attn1.processor
     proc.sequence_parallel = object()  # any state: the check comes first
-    with pytest.raises(ValueError, match=r"feature_eps=1e-06 / denominator='paper' are not supported sequence-parallel"):
+    with pytest.raises(ValueError, match=r"feature_eps=1e-06 / denominator='paper' are not supported sequence-par"):
         proc(model.blocks[0].attn1, torch.randn(1, 12, 32))
 
 
@@ -382,7 +382,8 @@ class OfficialWanMHLA(nn.Module):  # MHLA_Video_Uni
     def forward(self, x, grid, freqs):
         B, N, C = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)
-        lepe = None if self.lepe is None else self.lepe(v.transpose(1, 2).reshape(B, C, *grid)).flatten(2).transpose(1, 2)
+        lepe = None if self.lepe is None else \
+            self.lepe(v.transpose(1, 2).reshape(B, C, *grid)).flatten(2).transpose(1, 2)
         q, k, v = self.norm_q(q.float()), self.norm_k(k.float()), v.float()
         q, k = torch.relu(q) + self.eps, torch.relu(k) + self.eps
         q, k, v = (t.unflatten(2, (self.heads, -1)) for t in (q, k, v))

@@ -86,7 +86,8 @@ def _block_major(x: torch.Tensor, grid: Sequence[int], blocks: Sequence[int], si
     within the block, blocks in row-major order over the block grid (the layout of the kernels' block ids)."""
     B, rest, a = x.shape[0], x.shape[2:], len(grid)
     split = [B] + [d for b, s in zip(blocks, sizes) for d in (b, s)] + list(rest)
-    order = [0] + [1 + 2 * i for i in range(a)] + [2 + 2 * i for i in range(a)] + [1 + 2 * a + i for i in range(len(rest))]
+    order = [0] + [1 + 2 * i for i in range(a)] + [2 + 2 * i for i in range(a)] \
+        + [1 + 2 * a + i for i in range(len(rest))]
     return x.reshape(split).permute(order).reshape(B, math.prod(blocks), math.prod(sizes), *rest)
 
 
