@@ -231,6 +231,79 @@ def test_out_of_bounds_gets_the_message_not_a_stack_trace(served, endpoint, args
     assert "Traceback" not in log                                  # the server log: one line, no traceback
 
 
+def _call(url, endpoint, data):
+    """A raw HTTP call of an endpoint (no gradio_client defaults): (status code, the event's error or None)."""
+    import json
+
+    import httpx
+
+    posted = httpx.post(f"{url.rstrip('/')}/gradio_api/call/{endpoint}", json={"data": data}, timeout=30)
+    if posted.status_code != 200:
+        return posted.status_code, posted.json()["error"]
+    stream = httpx.get(f"{url.rstrip('/')}/gradio_api/call/{endpoint}/{posted.json()['event_id']}", timeout=120).text
+    errors = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: ") and "error" in line]
+    return posted.status_code, errors[0]["error"] if errors else None
+
+
+def test_api_edges_answer_one_line(served, capfd):
+    """Too few inputs, an unknown endpoint and a boolean for a number each get one line naming what is
+    wrong, and the server log gets no traceback."""
+    _, url, client, _ = served
+    capfd.readouterr()
+    status, error = _call(url, "generate_image", ["class"])
+    assert status == 200 and error == ("/generate_image got 1 input value but takes 13: give mode, class_label, "
+                                       "prompt, negative_prompt, attention, text_encoder, batch, seed, steps, "
+                                       "guidance, height, width, runtime, in this order")
+    status, error = _call(url, "no_such_endpoint", [1])
+    assert status == 404 and error == ("there is no API endpoint /no_such_endpoint on this server: use one of "
+                                       "['/generate_image', '/generate_video', '/compare', '/benchmarks']")
+    with pytest.raises(Exception, match=r"steps=True is not allowed: steps must be a whole number from 1 to 4"):
+        client.predict("class", 3, "", "", "mhla", "FlashAttention", 1, 0, True, 4.0, 8, 8, api_name="/generate_image")
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err + log.out and "object at 0x" not in log.err + log.out
+
+
+def test_api_names_every_output_and_defaults_steps_per_task(served):
+    app, _, client, _ = served
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    labels = [r["label"] for e in api.values() for r in e["returns"]]
+    assert not any(label.startswith("value_") for label in labels), labels
+    assert [r["label"] for r in api["/benchmarks"]["returns"]] == ["latency vs sequence length", "latency table",
+                                                                   "download"]
+    # steps left out: the mode's own steps, as the page starts them (more for a prompt-mode still)
+    steps = {p["parameter_name"]: p for p in api["/generate_image"]["parameters"]}["steps"]
+    assert steps["parameter_has_default"] and steps["parameter_default"] is None
+    import dataclasses
+
+    recorded = []
+    original = app.budget.record
+    app.budget.record = lambda key, steps, *a, **k: recorded.append(steps) or original(key, steps, *a, **k)
+    app.limits = dataclasses.replace(LIMITS, default_steps=1, still_steps=3)     # both within max_steps here
+    try:
+        for mode in ("prompt", "class"):
+            client.predict(mode=mode, class_label=3, prompt="the digit 7", negative_prompt="", attention="mhla",
+                           text_encoder="FlashAttention", batch=1, seed=0, api_name="/generate_image")
+    finally:
+        app.budget.record, app.limits = original, LIMITS
+    assert recorded == [3, 1]
+
+
+def test_a_failed_run_keeps_the_outputs_and_prompts_stop_at_the_limit(served):
+    """Progress and errors show on each tab's status line, so a failed request does not cover the previous
+    outputs with "Error" badges; the prompt boxes stop at the server's length as the user types."""
+    *_, demo = served
+    config = demo.get_config_file()
+    by_id = {c["id"]: c for c in config["components"]}
+    runs = [dep for dep in config["dependencies"] if dep.get("api_name") in ("generate_image", "generate_video",
+                                                                              "compare", "benchmarks")]
+    assert len(runs) == 4
+    for dep in runs:
+        assert dep["show_progress_on"] and not set(dep["show_progress_on"]) & set(dep["outputs"]), dep["api_name"]
+        assert all(by_id[i]["props"].get("elem_id", "").endswith("-status") for i in dep["show_progress_on"])
+    boxes = [c for c in config["components"] if c["type"] == "textbox" and "prompt" in c["props"].get("label", "")]
+    assert len(boxes) == 5 and all(b["props"]["max_length"] == LIMITS.max_prompt_chars for b in boxes)
+
+
 def test_model_info_names_the_checkpoint_and_its_card(served):
     app, *_ = served
     assert app.info("video", "mhla") == ("<details><summary>video-mhla: 1,200 training steps; digit_ok 0.5, "

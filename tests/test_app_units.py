@@ -450,22 +450,24 @@ def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_pat
     assert [r.value for r in radios] == ["mhla", "mhla"]        # the Image tab, then the Video tab
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
     on_mode = next(f.fn for f in fns if getattr(f.fn, "__name__", "") == "on_mode")
-    assert on_mode("prompt")[0]["value"] == "mhla"                   # switching the Image tab's mode
-    assert on_mode("class")[0]["value"] == "mhla"
+    assert on_mode("prompt", False)[0]["value"] == "mhla"            # switching the Image tab's mode
+    assert on_mode("class", False)[0]["value"] == "mhla"
 
 
-def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path):
+def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path, monkeypatch):
     """A still is one frame of a clip, with no vote over frames: the Image tab's prompt mode and the Compare
     tab's text-to-image task start at Limits.still_steps (capped by max_steps), the others at default_steps;
-    a CPU starts at the GPU's default_steps (fewer steps draw the asked digit less often)."""
+    a CPU starts at the GPU's default_steps (fewer steps draw the asked digit less often). The API takes the
+    same steps when a call leaves steps out; a value the user typed survives a mode or task switch."""
+    from mediagen.app import generation
     from mediagen.app.handlers import MediagenApp
     from mediagen.app.limits import Limits
     from mediagen.app.models import ModelSet, ModelSource
-    from mediagen.app.ui import build_demo, start_steps
+    from mediagen.app.ui import build_demo
 
     assert Limits.for_device("cpu").default_steps == Limits.for_device("cuda").default_steps == 8
-    assert start_steps(Limits(), True) == 16 and start_steps(Limits(), False) == 8
-    assert start_steps(Limits(max_steps=12), True) == 12
+    assert Limits().start_steps(True) == 16 and Limits().start_steps(False) == 8
+    assert Limits(max_steps=12).start_steps(True) == 12
     models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla")),
                       video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), size={"frames": 3, "height": 8, "width": 8}),
                       text_encoders={"FlashAttention": "minilm"})
@@ -473,10 +475,44 @@ def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path):
                                      still_steps=11), device="cpu", output_dir=tmp_path / "out")
     demo = build_demo(app)
     fns = {getattr(f.fn, "__name__", ""): f.fn for f in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
-    assert fns["on_mode"]("prompt")[-1]["value"] == 11 and fns["on_mode"]("class")[-1]["value"] == 5
-    assert fns["on_task"]("text-to-image", [])[-1]["value"] == 11
-    assert fns["on_task"]("text-to-video", [])[-1]["value"] == 5
-    assert fns["on_task"]("class-to-image", [])[-1]["value"] == 5
+    assert fns["on_mode"]("prompt", False)[-1]["value"] == 11 and fns["on_mode"]("class", False)[-1]["value"] == 5
+    assert fns["on_task"]("text-to-image", [], False)[-1]["value"] == 11
+    assert fns["on_task"]("text-to-video", [], False)[-1]["value"] == 5
+    assert fns["on_task"]("class-to-image", [], False)[-1]["value"] == 5
+    # typed steps (20) are the user's: a switch leaves them, it does not reset them to 16, then 8
+    assert "value" not in fns["on_mode"]("prompt", True)[-1] and "value" not in fns["on_mode"]("class", True)[-1]
+    assert "value" not in fns["on_task"]("text-to-image", [], True)[-1]
+    # the API: steps left out are the mode's steps, as on the page
+    params = demo.get_api_info()["named_endpoints"]
+    for endpoint in ("/generate_image", "/compare"):
+        steps = next(p for p in params[endpoint]["parameters"] if p["parameter_name"] == "steps")
+        assert steps["parameter_has_default"] and steps["parameter_default"] is None
+    asked = []
+    monkeypatch.setattr(generation, "text_samples", lambda cache, attention, encoder, prompt, neg, batch, seed, steps,
+                        *a, **k: asked.append(steps) or generation.Generated(np.zeros((1, 8, 8, 1), np.float32)))
+    monkeypatch.setattr(generation, "class_images", lambda cache, attention, label, batch, seed, steps, *a, **k:
+                        asked.append(steps) or generation.Generated(np.zeros((1, 8, 8, 1), np.float32)))
+    quiet = lambda *a, **k: None                                           # noqa: E731  (stands in for gr.Progress)
+    app.image("prompt", 3, "the digit 7", "", "mhla", "FlashAttention", 1, 0, progress=quiet)
+    app.image("class", 3, "", "", "mhla", "FlashAttention", 1, 0, progress=quiet)
+    app.image("prompt", 3, "the digit 7", "", "mhla", "FlashAttention", 1, 0, 7, 4.0, 8, 8, progress=quiet)
+    assert asked == [11, 5, 7]
+
+
+def test_the_image_tab_opens_showing_only_class_mode_inputs(tmp_path):
+    """The page starts in class mode: the prompt-mode inputs (prompt, text encoder, height, width) start
+    hidden, and the steps box is filled on load with the class mode's steps."""
+    from mediagen.app.ui import build_demo
+
+    app = _app(tmp_path)
+    demo = build_demo(app)
+    blocks = list(demo.blocks.values())
+    prompt_only = [b for b in blocks if "prompt mode" in (getattr(b, "label", None) or "")]
+    assert len(prompt_only) == 3 and not any(b.visible for b in prompt_only)   # text encoder, height, width
+    fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
+    load = [f for f in fns if f.name == "<lambda>" and not f.inputs and len(f.outputs) == 2]
+    assert len(load) == 1 and load[0].fn() == (app.limits.default_steps,) * 2
+    assert all(getattr(o, "label", "").startswith("steps") and o.value is None for o in load[0].outputs)
 
 
 def test_compile_is_not_offered_on_a_cpu(tmp_path):

@@ -45,11 +45,14 @@ def launch(app, host: str = "127.0.0.1", port: int | None = 7860, concurrency: i
            block: bool = True):
     """Build the page for ``app`` and serve it; returns (demo, local_url). ``block=False`` returns
     at once (``launch(prevent_thread_lock=True)``), as the tests need."""
-    from .ui import build_demo
+    from gradio.route_utils import FnIndexInferError
+
+    from .ui import build_demo, unknown_endpoint_handler
 
     demo = build_demo(app, concurrency=concurrency, max_queue=max_queue)
     _, url, _ = demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, share=False,
-                            allowed_paths=[str(app.output_root)], show_error=True, quiet=not block)
+                            allowed_paths=[str(app.output_root)], show_error=True, quiet=not block,
+                            app_kwargs={"exception_handlers": {FnIndexInferError: unknown_endpoint_handler(demo)}})
     return demo, url
 
 

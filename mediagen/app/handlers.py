@@ -79,6 +79,11 @@ class MediagenApp:
                 bounded_float("guidance", guidance, 0.0, self.limits.max_guidance))
 
     def _text_size(self, height, width, frames, min_frames: int = 1) -> tuple[int, int, int]:
+        """(height, width, frames) checked; one left out (None) is the page's starting value."""
+        if None in (height, width, frames):
+            start = self.page_defaults()
+            height, width, frames = (start[k] if v is None else v
+                                     for k, v in (("height", height), ("width", width), ("frames", frames)))
         g = video_geometry(self.cache)
         return (bounded_side("height", height, g.stride_h, self.limits),
                 bounded_side("width", width, g.stride_w, self.limits),
@@ -149,12 +154,15 @@ class MediagenApp:
 
     # --- Image -------------------------------------------------------------------------------
     @readable_errors
-    def image(self, mode, class_label, prompt, negative_prompt, attention, text_encoder, batch, seed, steps,
-              guidance, height, width, runtime="eager", progress=gr.Progress(track_tqdm=True)):
+    def image(self, mode, class_label, prompt, negative_prompt, attention, text_encoder, batch, seed, steps=None,
+              guidance=4.0, height=None, width=None, runtime="eager", progress=gr.Progress(track_tqdm=True)):
+        """Images of a class digit (mode "class") or of a prompt (mode "prompt": the middle frame of a clip).
+        steps left out (None): the mode's own, as the page starts it (more for a prompt-mode still)."""
         mode = _choice("mode", mode, IMAGE_MODES)
         family = _family(mode)
         attention = self._attention(family, attention)
         batch = bounded_int("batch", batch, 1, self.limits.max_batch)
+        steps = self.limits.start_steps(mode == "prompt") if steps is None else steps
         seed, steps, guidance = self._common(seed, steps, guidance)
         runtime = self._runtime(runtime)
         if mode == "class":
@@ -184,6 +192,8 @@ class MediagenApp:
     @readable_errors
     def video(self, prompt, negative_prompt, attention, text_encoder, frames, height, width, batch, seed, steps,
               guidance, runtime="eager", progress=gr.Progress(track_tqdm=True)):
+        """A clip of a prompt, as an MP4; steps None: the page's first value."""
+        steps = self.limits.start_steps(False) if steps is None else steps
         prompt = bounded_prompt(prompt, self.limits)
         negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
         attention = self._attention("video", attention)
@@ -203,9 +213,12 @@ class MediagenApp:
 
     # --- Compare -----------------------------------------------------------------------------
     @readable_errors
-    def compare(self, task, configs, prompt, class_label, seed, steps, guidance, frames, height, width,
-                progress=gr.Progress()):
+    def compare(self, task, configs, prompt, class_label, seed, steps=None, guidance=4.0, frames=None, height=None,
+                width=None, progress=gr.Progress()):
+        """The same seed through the reference and the chosen configurations, side by side, with latency
+        and quality. steps left out (None): the task's own, as the page starts it (more for text-to-image)."""
         task = _choice("task", task, COMPARE_TASKS)
+        steps = self.limits.start_steps(task == "text-to-image") if steps is None else steps
         family = _family(task)
         encoders = list(self.cache.models.text_encoders)
         if configs is not None and not isinstance(configs, (list, tuple)):

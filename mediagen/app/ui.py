@@ -3,7 +3,13 @@
 
 Choices follow the models: an attention is listed for a family only when the app offers it
 (``models.py``: trained checkpoints), and the model picked says what it is in an info line. Inputs
-are ``fields.Raw*`` components, so every value reaches the handler's named checks."""
+are ``fields.Raw*`` components, so every value reaches the handler's named checks.
+
+A run's progress, and its error when it fails, show on the tab's status line under its button, not on
+the outputs: a failed request keeps the previous outputs on the page (Gradio puts an "Error" badge over
+every output it tracks), and its one-line message shows as a notice. Steps: the Image and Compare tabs
+start each task at its own steps (``Limits.start_steps``), which is also what the API takes when a call
+leaves steps out; a mode or task switch moves steps along only while the user has not typed a value."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from .compare import REFERENCE, carry_labels, config_label, task_labels
 from .fields import RawCheckboxGroup, RawNumber, RawRadio
 from .bench_results import SERIES
 from .handlers import BENCH_SOURCES, COMPARE_TASKS, IMAGE_MODES, MediagenApp
+from .limits import log, rejected
 from .models import describe_models
 
 INTRO = ("**mediagen**: image and video diffusion transformers whose self-attention runs on MHLA "
@@ -28,18 +35,29 @@ COMPARE_NOTE = ("The same seed through each configuration; `{reference}` is the 
                 "blank output is marked `blank` and gets no SSIM / PSNR.")
 
 
-def start_steps(lim, still: bool) -> int:
-    """The steps a tab starts a task with (``Limits``): ``still_steps`` for a prompt-mode still, else
-    ``default_steps``; at most ``max_steps``."""
-    return min(lim.still_steps if still else lim.default_steps, lim.max_steps)
-
-
-def _common_controls(app: MediagenApp, d: dict):
+def _common_controls(app: MediagenApp, d: dict, steps_value):
+    """Seed, steps and guidance. ``steps_value`` None leaves the box empty in the page's config, which is
+    what makes steps optional in the API (a call that leaves it out gets the task's own steps); the page
+    then fills the box on load (``build_demo``)."""
     lim = app.limits
     seed = RawNumber(value=0, precision=0, label=f"seed (0–{d['max_seed']})", elem_id="seed")
-    steps = RawNumber(value=start_steps(lim, False), precision=0, label=f"steps (1–{lim.max_steps})")
+    steps = RawNumber(value=steps_value, precision=0, label=f"steps (1–{lim.max_steps})")
     guidance = RawNumber(value=4.0, label=f"guidance (0–{lim.max_guidance:g}; ≤ 1 turns it off)")
     return seed, steps, guidance
+
+
+def _typed(steps):
+    """A flag set when the user types into ``steps`` (``.input`` fires on the user's edits only): a mode or
+    task switch then leaves the value alone."""
+    typed = gr.State(False)
+    steps.input(lambda: True, None, typed, api_name=False, queue=False, show_progress="hidden")
+    return typed
+
+
+def _status(name: str):
+    """The tab's status line: where its run shows progress and, when it fails, the error, so that the
+    outputs keep what they showed (``show_progress_on``)."""
+    return gr.Markdown("", elem_id=f"{name}-status", min_height=40)
 
 
 def _runtime_radio(app: MediagenApp):
@@ -51,13 +69,18 @@ def _runtime_radio(app: MediagenApp):
                          "the compiling); outputs match eager")
 
 
-def _size_controls(d: dict, suffix: str = ""):
+def _size_controls(d: dict, suffix: str = "", visible: bool = True):
     (lo_h, hi_h), (lo_w, hi_w) = d["side_range_h"], d["side_range_w"]
-    height = RawNumber(value=d["height"], precision=0,
+    height = RawNumber(value=d["height"], precision=0, visible=visible,
                        label=f"height ({lo_h}–{hi_h}, multiple of {d['stride_h']}{suffix})")
-    width = RawNumber(value=d["width"], precision=0,
+    width = RawNumber(value=d["width"], precision=0, visible=visible,
                       label=f"width ({lo_w}–{hi_w}, multiple of {d['stride_w']}{suffix})")
     return height, width
+
+
+def _prompt_box(app: MediagenApp, value: str, label: str, **kwargs):
+    """A prompt textbox that stops at the server's length while typing (the handler checks it too)."""
+    return gr.Textbox(value=value, label=label, max_length=app.limits.max_prompt_chars, **kwargs)
 
 
 # The attention picked first per task, from the shipped models' scores (docs/RESULTS.md). Class-conditional
@@ -89,46 +112,52 @@ def _image_tab(app: MediagenApp, d: dict):
                             info=f"class: the {d['image_side']}px class-conditional digit model; "
                                  "prompt: the text-to-video model, one frame")
             class_label = RawNumber(value=3, precision=0, label=f"class (0–{d['num_classes'] - 1})")
-            prompt = gr.Textbox(value="the digit 7", label="prompt", visible=False)
-            negative = gr.Textbox(value="", label="negative prompt", visible=False)
+            # the page starts in class mode: what only prompt mode reads starts hidden
+            prompt = _prompt_box(app, "the digit 7", "prompt", visible=False)
+            negative = _prompt_box(app, "", "negative prompt", visible=False)
             attention, info = _attention_radio(app, d, "image")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)",
                                visible=False)
             encoder_note = gr.Markdown(app.encoder_info(d["text_encoders"][0]), visible=False)
             with gr.Row():
                 batch = RawNumber(value=min(2, lim.max_batch), precision=0, label=f"batch (1–{lim.max_batch})")
-                height, width = _size_controls(d, ", prompt mode")
-            seed, steps, guidance = _common_controls(app, d)
+                height, width = _size_controls(d, ", prompt mode", visible=False)
+            seed, steps, guidance = _common_controls(app, d, None)
+            typed = _typed(steps)
             runtime = _runtime_radio(app)
             run = gr.Button("Generate image", variant="primary", elem_id="image-run")
+            status = _status("image")
         with gr.Column():
             gallery = gr.Gallery(label="images", columns=2, elem_id="image-gallery")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
 
-    def on_mode(mode_value):
+    def on_mode(mode_value, steps_typed):
         family = "image" if mode_value == "class" else "video"
         offered = d["offered"][family]
         value = _first_choice(mode_value, offered)  # another mode draws with another model
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
-                *(gr.update(visible=prompt_mode) for _ in range(6)), gr.update(value=start_steps(lim, prompt_mode)))
+                *(gr.update(visible=prompt_mode) for _ in range(6)),
+                gr.update() if steps_typed else gr.update(value=lim.start_steps(prompt_mode)))
 
-    mode.change(on_mode, [mode], [attention, info, class_label, prompt, negative, encoder, encoder_note, height,
-                                  width, steps], api_name=False)
+    mode.change(on_mode, [mode, typed], [attention, info, class_label, prompt, negative, encoder, encoder_note, height,
+                                         width, steps], api_name=False)
     encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     attention.change(lambda m, a: app.info("image" if m == "class" else "video", a), [mode, attention], info,
                      api_name=False)
     run.click(app.image, [mode, class_label, prompt, negative, attention, encoder, batch, seed, steps, guidance,
-                          height, width, runtime], [gallery, downloads, timings], api_name="generate_image")
+                          height, width, runtime], [gallery, downloads, timings], api_name="generate_image",
+              show_progress_on=[status])
+    return steps
 
 
 def _video_tab(app: MediagenApp, d: dict):
     lim = app.limits
     with gr.Row():
         with gr.Column():
-            prompt = gr.Textbox(value="the digit 7 moves left", label="prompt")
-            negative = gr.Textbox(value="", label="negative prompt")
+            prompt = _prompt_box(app, "the digit 7 moves left", "prompt")
+            negative = _prompt_box(app, "", "negative prompt")
             attention, info = _attention_radio(app, d, "video")
             encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
             encoder_note = gr.Markdown(app.encoder_info(d["text_encoders"][0]))
@@ -136,9 +165,10 @@ def _video_tab(app: MediagenApp, d: dict):
                 frames = RawNumber(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")
                 height, width = _size_controls(d)
                 batch = RawNumber(value=1, precision=0, label=f"batch (1–{lim.max_batch})")
-            seed, steps, guidance = _common_controls(app, d)
+            seed, steps, guidance = _common_controls(app, d, lim.start_steps(False))   # one task: one default
             runtime = _runtime_radio(app)
             run = gr.Button("Generate video", variant="primary", elem_id="video-run")
+            status = _status("video")
         with gr.Column():
             video = gr.Video(label="video", elem_id="video-output")
             downloads = gr.File(label="download", file_count="multiple")
@@ -146,7 +176,7 @@ def _video_tab(app: MediagenApp, d: dict):
     attention.change(lambda a: app.info("video", a), attention, info, api_name=False)
     encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance,
-                          runtime], [video, downloads, timings], api_name="generate_video")
+                          runtime], [video, downloads, timings], api_name="generate_video", show_progress_on=[status])
 
 
 def compare_choices(d: dict, task: str) -> list[str]:
@@ -175,8 +205,7 @@ def _compare_tab(app: MediagenApp, d: dict):
             task = RawRadio(list(COMPARE_TASKS), value=first, label="task")
             configs = RawCheckboxGroup(choices, value=default, label=f"configurations (≤ {lim.max_configs} with the "
                                        "reference; trained checkpoints only)", elem_id="compare-configs")
-            prompt = gr.Textbox(value="the digit 7 moves left", label="prompt (text tasks)",
-                                max_length=lim.max_prompt_chars, visible=shown["prompt"])
+            prompt = _prompt_box(app, "the digit 7 moves left", "prompt (text tasks)", visible=shown["prompt"])
             class_label = RawNumber(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})",
                                     visible=shown["class_label"])
         with gr.Column():
@@ -184,8 +213,10 @@ def _compare_tab(app: MediagenApp, d: dict):
                 frames = RawNumber(value=d["frames"], precision=0, label=f"frames (video, 2–{lim.max_frames})",
                                    visible=shown["frames"])
                 height, width = _size_controls(d)
-            seed, steps, guidance = _common_controls(app, d)
+            seed, steps, guidance = _common_controls(app, d, None)
+            typed = _typed(steps)
             run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+            status = _status("compare")
     # results span the page: the table has up to 13 short columns and needs the full width
     gallery = gr.Gallery(label="outputs, side by side", columns=6, height="auto", elem_id="compare-gallery")
     table = gr.Dataframe(label="quality (reference-free), latency (ms), agreement with the reference", wrap=False,
@@ -194,18 +225,20 @@ def _compare_tab(app: MediagenApp, d: dict):
         downloads = gr.File(label="download", file_count="multiple")
         details = gr.JSON(label="all numbers")
 
-    def on_task(task_value, current):
+    def on_task(task_value, current, steps_typed=False):
         task_value = task_value if task_value in COMPARE_TASKS else first
         family = "image" if task_value == "class-to-image" else "video"
         visible = compare_visibility(task_value)
         return (gr.update(choices=compare_choices(d, task_value),
                           value=carry_labels(current, task_value, d["offered"][family], d["text_encoders"])),
                 *(gr.update(visible=visible[name]) for name in ("prompt", "class_label", "frames", "height", "width")),
-                gr.update(value=lim.start_steps(task_value == "text-to-image")))
+                gr.update() if steps_typed else gr.update(value=lim.start_steps(task_value == "text-to-image")))
 
-    task.change(on_task, [task, configs], [configs, prompt, class_label, frames, height, width, steps], api_name=False)
+    task.change(on_task, [task, configs, typed], [configs, prompt, class_label, frames, height, width, steps],
+                api_name=False)
     run.click(app.compare, [task, configs, prompt, class_label, seed, steps, guidance, frames, height, width],
-              [gallery, downloads, table, details], api_name="compare")
+              [gallery, downloads, table, details], api_name="compare", show_progress_on=[status])
+    return steps
 
 
 def _bench_tab(app: MediagenApp):
@@ -217,10 +250,12 @@ def _bench_tab(app: MediagenApp):
     source = RawRadio(list(BENCH_SOURCES), value="recorded", label="source")
     series = RawRadio(list(SERIES), value=SERIES[0], label="series")
     run = gr.Button("Plot", variant="primary", elem_id="bench-run")
+    status = _status("bench")
     plot = gr.Image(label="latency vs sequence length", type="filepath")
-    table = gr.Markdown()
+    table = gr.Markdown(label="latency table")         # the label names this output in the API
     downloads = gr.File(label="download", file_count="multiple")
-    run.click(app.benchmarks, [source, series], [plot, table, downloads], api_name="benchmarks")
+    run.click(app.benchmarks, [source, series], [plot, table, downloads], api_name="benchmarks",
+              show_progress_on=[status])
 
 
 def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> gr.Blocks:
@@ -230,12 +265,57 @@ def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> g
                                  limits=app.limits.describe()))
         with gr.Tabs():
             with gr.Tab("Image", id="image"):
-                _image_tab(app, d)
+                image_steps = _image_tab(app, d)
             with gr.Tab("Video", id="video"):
                 _video_tab(app, d)
             with gr.Tab("Compare", id="compare"):
-                _compare_tab(app, d)
+                compare_steps = _compare_tab(app, d)
             with gr.Tab("Benchmarks", id="benchmarks"):
                 _bench_tab(app)
+        # both steps boxes are empty in the config (API callers get each task's own steps); the page shows
+        # the steps of the task each tab starts on (class images, text-to-video)
+        start = app.limits.start_steps(False)
+        demo.load(lambda: (start, start), None, [image_steps, compare_steps], api_name=False, queue=False,
+                  show_progress="hidden")
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.validate_inputs = _too_few_inputs          # on the instance: Blocks subclasses are not needed for one check
     return demo
+
+
+def _input_names(block_fn) -> list[str]:
+    """The names of an event's inputs: its function's parameters, in order (as the API lists them)."""
+    import inspect
+
+    params = [n for n in inspect.signature(block_fn.fn).parameters if n != "progress"]
+    return params[:len(block_fn.inputs)]
+
+
+def _too_few_inputs(block_fn, inputs) -> None:
+    """A call with fewer inputs than the endpoint takes (a raw HTTP or JavaScript call; ``gradio_client``
+    fills in defaults) gets one line naming the endpoint and its inputs in order. Gradio's own answer is a
+    paragraph listing the components as Python object reprs."""
+    needed = block_fn.inputs
+    if len(inputs) < len(needed):
+        name = f"/{block_fn.api_name}" if block_fn.api_name else block_fn.name
+        raise rejected(f"{name} got {len(inputs)} input value{'s' * (len(inputs) != 1)} but takes {len(needed)}: "
+                       f"give {', '.join(_input_names(block_fn))}, in this order")
+
+
+def api_names(demo: gr.Blocks) -> list[str]:
+    """The demo's named API endpoints ("/generate_image", ...)."""
+    fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
+    return [f"/{fn.api_name}" for fn in fns if fn.api_name and getattr(fn, "api_visibility", "public") == "public"]
+
+
+def unknown_endpoint_handler(demo: gr.Blocks):
+    """A FastAPI exception handler for a call to an API name the demo does not have: a 404 with one line
+    naming the endpoints it has, and one line in the log (Gradio answers 500, with a traceback in the log)."""
+    from fastapi.responses import JSONResponse
+
+    def handler(request, exc):
+        name = request.path_params.get("api_name", "")
+        message = f"there is no API endpoint /{name} on this server: use one of {api_names(demo)}"
+        log.warning("rejected: %s", message)
+        return JSONResponse({"error": message}, status_code=404)
+
+    return handler
