@@ -278,11 +278,14 @@ def test_bad_option_values_name_the_option(kwargs, words):
 # --- the per-head output norm and gate, in a converted layer -------------------------------------------------
 
 
-def test_per_head_out_norm_and_gate_in_a_wan_layer():
+@pytest.mark.parametrize("backend", ["blocked", "triton"])
+def test_per_head_out_norm_and_gate_in_a_wan_layer(backend, monkeypatch, one_thread):
     """out_norm='per_head': o_h / rms(o_h) * w for each head h (one w of head-dim size), then o * SiLU(W_g x + b):
-    the official Wan layer's g_norm and gate. out_norm=True normalises over all heads together instead."""
+    the official Wan layer's g_norm and gate, here with its feature eps and no denominator; forward and
+    gradients, on the CPU path and through the Triton kernels. out_norm=True normalises all heads together."""
+    monkeypatch.setenv("MEDIAGEN_MHLA_BACKEND", backend)
     model = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[1, 2, 2], rope="features", out_norm="per_head",
-                             out_gate=True)
+                             out_gate=True, normalize=False, feature_eps=1e-6)
     proc = model.blocks[0].attn1.processor
     assert proc.out_norm.weight.shape == (16,)
     torch.manual_seed(2)
@@ -290,25 +293,29 @@ def test_per_head_out_norm_and_gate_in_a_wan_layer():
         proc.out_norm.weight.uniform_(0.5, 1.5)
         proc.core.mix.uniform_(0, 1)
     attn = model.blocks[0].attn1
-    x = torch.randn(2, 3 * 4 * 6, 32)
+    x = torch.randn(2, 3 * 4 * 6, 32, requires_grad=True)
     rotary = model.rope(torch.zeros(1, 1, 3, 8, 12))
     proc.grids.record((3, 4, 6))  # as the transformer's pre-hook does
-    with torch.no_grad():
-        out = proc(attn, x, rotary_emb=rotary)
+    leaves = (x, proc.out_norm.weight, proc.core.mix, proc.out_gate.weight)
+    g = torch.randn(2, 72, 32, generator=torch.Generator().manual_seed(4))
+    out = proc(attn, x, rotary_emb=rotary)
+    grads = torch.autograd.grad(out, leaves, g)
 
     q, k, v = (t.unflatten(2, (2, 16)) for t in (attn.norm_q(attn.to_q(x)), attn.norm_k(attn.to_k(x)), attn.to_v(x)))
     cos, sin = rotary[0][0, :, 0, 0::2], rotary[1][0, :, 0, 1::2]
-    o = dense(q, k, v, proc.core.mix, (3, 4, 6), (1, 2, 2), rope=(cos, sin)).float()
-    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * proc.out_norm.weight
-    o = o.flatten(2) * F.silu(proc.out_gate(x))
-    with torch.no_grad():
-        want = attn.to_out[0](o)
+    o = dense(q, k, v, proc.core.mix, (3, 4, 6), (1, 2, 2), rope=(cos, sin), normalize=False, feature_eps=1e-6)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * proc.out_norm.weight.double()
+    o = o.flatten(2) * F.silu(proc.out_gate(x)).double()
+    want = attn.to_out[0](o.float())
+    want_grads = torch.autograd.grad(want, leaves, g)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for name, got, ref in zip(("x", "out_norm", "mix", "gate"), grads, want_grads):
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-4 * ref.abs().max().item(),
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
     heads_together = mediagen.convert(tiny_wan(num_layers=1), "mhla", blocks=[1, 2, 2], rope="features",
                                       out_norm=True)
     assert heads_together.blocks[0].attn1.processor.out_norm.weight.shape == (32,)
-
 
 
 # --- a small official Wan, re-written from the published structure (original Wan names) ------------------
