@@ -4,6 +4,7 @@ needed), the default two-line plot with its legend outside the axes, and the fil
 import builtins
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,38 @@ def test_a_new_run_replaces_what_it_measured_again(tmp_path):
                              dtype="bf16")
     png = plot_latency(bench_results.select_series(rows, "every method", "fwd_ms"), tmp_path / "p.png")
     assert Path(png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fresh_measurement_times_the_path_the_models_run():
+    """On a CPU the models run MHLA through the op's default path (blocked), not the fp32 reference the
+    kernels are tested against: "measured now" times that path, beside SDPA."""
+    from mediagen.eval.attention_bench import Shape
+
+    tiny = [Shape("tiny a", 1, (4, 4), 2, 16, (2, 2)), Shape("tiny b", 1, (8, 8), 2, 16, (2, 2))]
+    rows = bench_results.fresh_rows("cpu", rep_ms=1.0, shapes=tiny)
+    methods = {r["method"] for r in rows}
+    assert bench_results.model_path("cpu") == "mhla blocked"
+    assert "mhla blocked" in methods and "sdpa math" in methods and not any("reference" in m for m in methods)
+    assert {r["N"] for r in rows} == {16, 64} and all(r["fwd_min_ms"] <= r["fwd_ms"] <= r["fwd_max_ms"] for r in rows)
+
+
+def test_fresh_plot_shows_the_spread_and_plain_tick_labels():
+    rows = [{"method": m, "N": n, "fwd_ms": ms, "fwd_min_ms": ms * 0.9, "fwd_max_ms": ms * 1.2, "runs": 3}
+            for m, scale in (("mhla blocked", 1.0), ("sdpa math", 1.5)) for n, ms in ((256, 5.5 * scale), (1024, 7.0 * scale))]
+    picked = bench_results.select_series(rows, "mhla vs fastest sdpa", "fwd_ms")
+    assert all(r["fwd_min_ms"] < r["fwd_ms"] < r["fwd_max_ms"] for r in picked)       # the spread goes along
+    fig = bench_results.figure(picked, "fwd_ms", "measured now (cpu)")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    bars = [c for c in ax.collections if len(c.get_segments()) == 2]                   # one bar per point
+    from matplotlib.colors import to_rgba
+
+    assert len(bars) == 2                                                               # in the lines' colours
+    assert {tuple(b.get_color()[0]) for b in bars} == {to_rgba(line.get_color()) for line in ax.get_lines()}
+    low, high = sorted(bars[0].get_segments()[0][:, 1])
+    assert low == pytest.approx(5.5 * 0.9) and high == pytest.approx(5.5 * 1.2)
+    labels = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels() if t.get_text()]
+    assert labels and all(re.fullmatch(r"[\d,.]+", t) for t in labels), labels         # "6", not "6x10^0"
+    assert "6" in labels
+    import matplotlib.pyplot as plt
+    plt.close(fig)

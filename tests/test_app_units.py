@@ -415,8 +415,12 @@ def test_fresh_benchmark_warms_up_repeats_and_reports_the_spread(monkeypatch):
     times = iter([99.0, 1.0, 3.0, 2.0])                               # the first pass is the warm-up
     monkeypatch.setattr(ab, "bench_attention", lambda *a, **k: ([{"method": "sdpa", "N": 64,
                                                                    "fwd_ms": next(times)}], None))
+    op_times = iter([50.0, 4.0, 6.0, 5.0])
+    monkeypatch.setattr(bench_results, "op_rows", lambda *a: [{"method": "mhla blocked", "N": 64,
+                                                              "fwd_ms": next(op_times)}])
     rows = bench_results.fresh_rows("cpu", repeats=3)
-    assert rows == [{"method": "sdpa", "N": 64, "fwd_ms": 2.0, "fwd_min_ms": 1.0, "fwd_max_ms": 3.0, "runs": 3}]
+    assert rows == [{"method": "sdpa", "N": 64, "fwd_ms": 2.0, "fwd_min_ms": 1.0, "fwd_max_ms": 3.0, "runs": 3},
+                    {"method": "mhla blocked", "N": 64, "fwd_ms": 5.0, "fwd_min_ms": 4.0, "fwd_max_ms": 6.0, "runs": 3}]
     assert "| sdpa | 64 | 2.000 | 1.000–3.000 | 3 |" in bench_results.markdown(rows)
 
 

@@ -285,13 +285,13 @@ class MediagenApp:
         else:
             progress(0, desc="timing attention")
             rows = bench_results.fresh_rows(self.cache.device, shapes=self.bench_shapes)
-            title = f"Attention latency, measured now ({self.cache.device.type})"
-            note = f"measured now on {self.cache.device.type}: median of 3 passes after a warm-up, spread min–max"
-        from ..eval.latency_plot import plot_latency
-
+            kind = self.cache.device.type
+            title = f"Attention latency, measured now ({kind})"
+            note = (f"measured now on {kind}: `{bench_results.model_path(kind)}` is MHLA as the models run it here; "
+                    "each point the median of 3 passes after a warm-up, its bar (and the table) the spread min–max")
         y = bench_results.time_key(rows)
         folder = files.request_dir(self.output_root, "bench")
-        plot = plot_latency(bench_results.select_series(rows, series, y), folder / "latency.png", y=y, title=title)
+        plot = bench_results.plot(bench_results.select_series(rows, series, y), folder / "latency.png", y, title)
         table = bench_results.markdown(rows)
         (folder / "latency.md").write_text(table + "\n")
         return plot, f"**{note}**\n\n{table}", [plot, str(folder / "latency.md")]

@@ -244,8 +244,10 @@ def _compare_tab(app: MediagenApp, d: dict):
 def _bench_tab(app: MediagenApp):
     gr.Markdown(f"Attention latency against sequence length: `recorded` plots the latency shipped with the package "
                 f"(`{app.results_path.name}`, written on a GPU by `benchmarks/attention.py --json`); "
-                "`fresh` times `mediagen bench`'s attention shapes on this server's device now: one warm-up pass, "
-                "then the median of three passes with their spread (min–max), since a shared CPU's timings vary. "
+                "`fresh` times `mediagen bench`'s attention shapes on this server's device now, MHLA as the models "
+                "run it here (the op's default path: blocked on a CPU, Triton on a GPU) against SDPA: one warm-up "
+                "pass, then the median of three passes, with their spread (min–max) as bars and in the table, since "
+                "a shared CPU's timings vary. "
                 "`series`: MHLA against the fastest SDPA backend at each length, or every method.")
     source = RawRadio(list(BENCH_SOURCES), value="recorded", label="source")
     series = RawRadio(list(SERIES), value=SERIES[0], label="series")
