@@ -11,7 +11,7 @@ compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas r
 The last column counts global loads and stores that move one 2-byte element per instruction (from the
 PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way. Token tensors are laid
 out as a launch at DiT-XL/2 512 px would pass them (contiguous (8, 1024, 16, D)): their strides divided as
-the launcher divides them (triton_op.stride_unit), which is what decides that alignment at D = 72.
+the launcher divides them (launches.stride_unit), which is what decides that alignment at D = 72.
 
 Occupancy bounds what a memory-bound kernel can keep in flight: an H100/H200 multiprocessor has
 65,536 registers and 227 KiB of shared memory, so a program of W warps using R registers per thread
@@ -31,7 +31,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from mediagen.kernels.mhla import triton_op as T
+from mediagen.kernels.mhla import launches as op_launches, tiles as op_tiles
+from mediagen.kernels.mhla.settings import current_settings
 from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel, query_grad_kernel,
                                                   summary_kernel)
 from mediagen.kernels.mhla.triton_dense import dense_forward_kernel
@@ -39,7 +40,7 @@ from mediagen.kernels.mhla.triton_dense_grad import dense_key_grad_kernel, dense
 
 REGISTERS_PER_SM, SMEM_PER_SM = 65536, 227 * 1024
 # pointer arguments and their element types for bf16 inputs in training: the summaries, mixed or not,
-# and their gradients are fp32 whenever a backward reads them (triton_op.summary_dtype; a bf16 forward
+# and their gradients are fp32 whenever a backward reads them (tiles.summary_dtype; a bf16 forward
 # that nothing differentiates stores them in bf16)
 POINTERS = {"Q": "bf16", "K": "bf16", "V": "bf16", "O": "bf16", "G": "bf16", "DQ": "bf16", "DK": "bf16", "DV": "bf16",
             "SZ": "fp32", "SZM": "fp32", "DSZ": "fp32", "COS": "fp32", "SIN": "fp32", "MIX": "fp32", "BLK": "i32",
@@ -107,8 +108,8 @@ def row_stride_args(fn, D: int) -> dict:
     """AL and the launch values of ``fn``'s batch, token and head strides of token tensors (sqb, skn, sdvh, ...)
     for contiguous (8, 1024, 16, D) tensors, divided by AL as the launcher passes them."""
     t = torch.empty((8, 1024, 16, D), device="meta")
-    al = T.stride_unit(t)
-    strides = dict(zip("bnh", T.row_strides(t, al)))
+    al = op_launches.stride_unit(t)
+    strides = dict(zip("bnh", op_launches.row_strides(t, al)))
     out = {"AL": al}
     for name in fn.arg_names:
         if re.fullmatch(r"s(q|k|v|o|g|d|dk|dv)[bnh]", name):
@@ -119,10 +120,10 @@ def row_stride_args(fn, D: int) -> dict:
 def chunked_constexprs(name, D, fp32=False, rope=False, **extra):
     """(constexprs, warps, stages) of a chunked kernel as its launcher would launch it: fp32 inputs
     multiply exactly (IEEE dots), and with RoPE too they take the smaller fp32-with-RoPE tiles."""
-    BD, TILE, BT, warps, stages = T._config(name, D, fp32 and rope, fp32=fp32)
+    BD, TILE, BT, warps, stages = op_tiles._config(name, D, fp32 and rope, fp32=fp32)
     fn = {"summary": summary_kernel, "apply": apply_kernel, "query_grad": query_grad_kernel,
           "key_grad": key_grad_kernel}[name]
-    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, PREFETCH=T._prefetch(name),
+    c = dict(D=D, X=D * D + D, BD=BD, TILE=TILE, BT=BT, FEATURE=1, IEEE=fp32, ROPE=rope, PREFETCH=op_tiles._prefetch(name),
              **extra, **row_stride_args(fn, D))
     return c, warps, stages
 
@@ -154,7 +155,7 @@ def reports(D: int, only=(), fp32=False, rope=False):
 def dense_constexprs(D, dtype, rope, normalize):
     """(constexprs, warps, stages) of the dense kernel as ``launch_dense`` would launch it."""
     f32 = dtype == torch.float32
-    tiles = T.dense_settings(D, dtype, rope, normalize)
+    tiles = op_tiles.dense_settings(D, dtype, rope, normalize)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
     consts = dict(D=D, BM=16, ONEHOT=True, FEATURE=1, NORMALIZE=normalize, DOT_F32=f32, IEEE=f32, ROPE=rope, **tiles,
                   SAVE=False, LO_PART=False, CK0=0, CK1=1, CK2=1, CPE_BIAS=False,
@@ -166,7 +167,7 @@ def dense_grad_constexprs(fn, D, dtype):
     """(constexprs, warps, stages) of a dense backward kernel as ``_dense_grad_launch`` would launch it (no RoPE:
     the dense backward never has it), normalised."""
     f32 = dtype == torch.float32
-    tiles = T.dense_grad_tiles(T.current_settings(), D, dtype)
+    tiles = op_tiles.dense_grad_tiles(current_settings(), D, dtype)
     warps, stages = tiles.pop("warps"), tiles.pop("stages")
     consts = dict(D=D, BM=16, FEATURE=1, NORMALIZE=True, DOT_F32=f32, IEEE=f32, **tiles, TAIL=0,
                   **row_stride_args(fn, D))

@@ -7,7 +7,7 @@ then the bf16 gradients of both backwards against fp64.
 q, k, v and Mc (bf16, ReLU features, Mc at its locality initialisation), ``triton.testing.do_bench`` medians:
 "graph" replays the pair captured as a CUDA graph (the kernels' own time), "eager" calls it from Python.
 Variants: the chunked forward and backward; the dense forward with the chunked backward (which makes the
-block summaries again: ``triton_op.DENSE_BACKWARD = False``); the dense forward with the dense backward
+block summaries again: ``op_tiles.DENSE_BACKWARD = False``); the dense forward with the dense backward
 (triton_dense_grad.py). The accuracy rows give each gradient's relative Frobenius error against the fp64
 reference (mhla_reference) with positive q, k, v and no feature map (the ill-conditioned case for dq and
 dMc) and with ReLU; with one block dMc is zero in exact arithmetic, so its relative error there means nothing.
@@ -22,7 +22,7 @@ import torch
 import triton
 
 from mediagen.attention.mhla import locality_mix
-from mediagen.kernels.mhla import triton_op
+from mediagen.kernels.mhla import tiles as op_tiles
 from mediagen.kernels.mhla.naive import mhla_reference
 from mediagen.kernels.mhla.triton_op import mhla_triton
 
@@ -61,14 +61,14 @@ def timings(only) -> None:
         g = torch.randn_like(q)
         row = []
         for label, algorithm, dense_backward in VARIANTS:
-            triton_op.DENSE_BACKWARD = dense_backward
+            op_tiles.DENSE_BACKWARD = dense_backward
 
             def step():
                 o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm=algorithm)
                 return torch.autograd.grad(o, (q, k, v, mix), g)
 
             row.append(f"{label}: graph {graph_us(step):.1f} eager {1e3 * triton.testing.do_bench(step):.1f}")
-        triton_op.DENSE_BACKWARD = True
+        op_tiles.DENSE_BACKWARD = True
         qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         gs = g.transpose(1, 2)
 
@@ -93,7 +93,7 @@ def accuracy() -> None:
         g = torch.randn_like(r)
         want = torch.autograd.grad(r, refs, g)
         for dense_backward in (False, True):
-            triton_op.DENSE_BACKWARD = dense_backward
+            op_tiles.DENSE_BACKWARD = dense_backward
             ins = [t.detach().to(torch.bfloat16).requires_grad_() for t in base] + [mix.float().requires_grad_()]
             o = mhla_triton(*ins, grid, blocks, feature_map=fmap, algorithm="dense")
             got = torch.autograd.grad(o, ins, g.to(torch.bfloat16))
@@ -101,7 +101,7 @@ def accuracy() -> None:
             print("bf16 against fp64", grid, blocks, f"D={D}", fmap or "positive, no map",
                   "dense backward" if dense_backward else "chunked backward",
                   " ".join(f"{n}={e:.1e}" for n, e in zip("q k v mix".split(), errs)), flush=True)
-    triton_op.DENSE_BACKWARD = True
+    op_tiles.DENSE_BACKWARD = True
 
 
 if __name__ == "__main__":

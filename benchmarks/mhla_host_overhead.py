@@ -42,12 +42,12 @@ import torch
 
 from mediagen.attention.mhla import locality_mix
 from mediagen.kernels import launch, mhla
-from mediagen.kernels.mhla import triton_op
+from mediagen.kernels.mhla import launches, triton_op
 from mediagen.kernels.switches import use_switches
 
 B, GRID, H, D, BLOCKS = 8, (16, 16), 16, 72, (4, 4)
 N = GRID[0] * GRID[1]
-# every Triton kernel the op launches, by its name in triton_op
+# every Triton kernel the op launches, by its name in launches.py
 KERNELS = ("summary_kernel", "apply_kernel", "query_grad_kernel", "key_grad_kernel", "dense_forward_kernel",
            "dense_query_grad_kernel", "dense_key_grad_kernel",
            "mix_kernel", "mix_grad_kernel", "part_sum_kernel")
@@ -82,15 +82,15 @@ def _no_op(*args, **kwargs):
 
 @contextlib.contextmanager
 def replaced_kernels(stand_in):
-    """Every kernel of ``KERNELS`` in triton_op replaced by ``stand_in(name, kernel)`` inside the block."""
-    saved = {name: getattr(triton_op, name) for name in KERNELS}
+    """Every kernel of ``KERNELS`` in launches.py replaced by ``stand_in(name, kernel)`` inside the block."""
+    saved = {name: getattr(launches, name) for name in KERNELS}
     try:
         for name, kernel in saved.items():
-            setattr(triton_op, name, stand_in(name, kernel))
+            setattr(launches, name, stand_in(name, kernel))
         yield
     finally:
         for name, kernel in saved.items():
-            setattr(triton_op, name, kernel)
+            setattr(launches, name, kernel)
 
 
 def dispatch_only():

@@ -25,7 +25,7 @@ import triton.testing
 
 from mediagen.attention.mhla import locality_mix
 from mediagen.eval.attention_bench import GPU_SHAPES, Shape
-from mediagen.kernels.mhla import kernel_settings, launch_settings, layout, triton_op as T
+from mediagen.kernels.mhla import kernel_settings, launch_settings, launches as op_launches, layout, triton_op
 
 
 def timed(fn):
@@ -41,20 +41,20 @@ def chunked_inputs(s, J, dtype=torch.bfloat16):
     mix = locality_mix(s.blocks).cuda()
     M = math.prod(s.blocks)
     order, offsets, _ = layout.block_token_lists(s.grid, s.blocks, q.device)
-    sz = T.launch_summary(k, v, order, offsets, M, J, 1)
-    mixed = T.launch_mix(mix, sz, J, False, out_dtype=sz.dtype)  # as forward_impl keeps it
-    o = T.launch_apply(q, mixed, order, offsets, M, J, True, 1e-6, 1.0, 1)
+    sz = op_launches.launch_summary(k, v, order, offsets, M, J, 1)
+    mixed = op_launches.launch_mix(mix, sz, J, False, out_dtype=sz.dtype)  # as forward_impl keeps it
+    o = op_launches.launch_apply(q, mixed, order, offsets, M, J, True, 1e-6, 1.0, 1)
     return dict(q=q, k=k, v=v, g=g, mix=mix, M=M, J=J, order=order, offsets=offsets, sz=sz, mixed=mixed, o=o)
 
 
 def kernel_calls(x):
     return {
-        "summary": lambda: T.launch_summary(x["k"], x["v"], x["order"], x["offsets"], x["M"], x["J"], 1),
-        "apply": lambda: T.launch_apply(x["q"], x["mixed"], x["order"], x["offsets"], x["M"], x["J"], True, 1e-6,
+        "summary": lambda: op_launches.launch_summary(x["k"], x["v"], x["order"], x["offsets"], x["M"], x["J"], 1),
+        "apply": lambda: op_launches.launch_apply(x["q"], x["mixed"], x["order"], x["offsets"], x["M"], x["J"], True, 1e-6,
                                         1.0, 1),
-        "query_grad": lambda: T.launch_query_grad(x["q"], x["g"], x["o"], x["mixed"], x["order"], x["offsets"],
+        "query_grad": lambda: op_launches.launch_query_grad(x["q"], x["g"], x["o"], x["mixed"], x["order"], x["offsets"],
                                                   x["M"], x["J"], True, 1e-6, 1.0, 1),
-        "key_grad": lambda: T.launch_key_grad(x["k"], x["v"], x["mixed"], x["order"], x["offsets"], x["M"], x["J"],
+        "key_grad": lambda: op_launches.launch_key_grad(x["k"], x["v"], x["mixed"], x["order"], x["offsets"], x["M"], x["J"],
                                               1),
     }
 
@@ -66,8 +66,8 @@ def sweep_mix(shapes):
     for s in shapes:
         x = chunked_inputs(s, 1)
         sz = x["sz"]
-        mix = lambda: T.launch_mix(x["mix"], sz, 1, False, out_dtype=sz.dtype)
-        grad = lambda: T.launch_mix_grad(x["mixed"], sz, False, False)
+        mix = lambda: op_launches.launch_mix(x["mix"], sz, 1, False, out_dtype=sz.dtype)
+        grad = lambda: op_launches.launch_mix_grad(x["mixed"], sz, False, False)
         rows = []
         # (BK is used only when M*J > 64 blocks: none of these shapes with J = 1)
         for bx, per_sm, warps, stages, lowp in itertools.product((64, 128, 256), (2, 4, 8), (4, 8), (2, 3, 4),
@@ -104,10 +104,10 @@ def sweep_dense(shapes, batches=(None,)):
             # the head dim in two tiles (DiT's 72 in bf16) takes its settings from "dense_split"
             tiles = dict(BT=bt, BS=bs, warps=warps, stages=stages)
             with launch_settings("dense", **tiles, onehot=True, fill=False), launch_settings("dense_split", **tiles):
-                rows.append((timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
+                rows.append((timed(lambda: op_launches.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1)),
                              bt, bs, warps, stages))
         with launch_settings("dense", onehot=False):
-            gathered = timed(lambda: T.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
+            gathered = timed(lambda: op_launches.launch_dense(q, k, v, mix, s.grid, s.blocks, True, 1e-6, 1.0, 1))
         ok = sorted(r for r in rows if not isinstance(r[0], str))
         print(f"{s.name} B={B} dense (ms, BT, BS, warps, stages): best {ok[:3]}; worst {ok[-1]}", flush=True)
         for bt in (32, 64, 128, 256):
@@ -146,7 +146,7 @@ def sweep_dense_shipped(batches=(None,), models=None, grid=SHIPPED_GRID):
 
         def op():
             with torch.no_grad():
-                return T.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu", algorithm="dense",
+                return triton_op.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu", algorithm="dense",
                                      rope=tables)
 
         default = timed(op)
@@ -186,7 +186,7 @@ def sweep_dense_grad(shape, batches=(None,)):
         g = torch.randn_like(q)
 
         def step():
-            o = T.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu", algorithm="dense")
+            o = triton_op.mhla_triton(q, k, v, mix, s.grid, s.blocks, feature_map="relu", algorithm="dense")
             return torch.autograd.grad(o, (q, k, v, mix), g)
 
         default = timed(step)
@@ -279,10 +279,10 @@ def main():
     sweep_dense((dit256, dit512))
     # mixing kernels and splits, with the defaults
     x = chunked_inputs(wan, 1)
-    print("wan mix fwd", timed(lambda: T.launch_mix(x["mix"], x["sz"], 1, False)))
-    print("wan mix grad", timed(lambda: T.launch_mix_grad(x["mixed"], x["sz"], False, False)))
+    print("wan mix fwd", timed(lambda: op_launches.launch_mix(x["mix"], x["sz"], 1, False)))
+    print("wan mix grad", timed(lambda: op_launches.launch_mix_grad(x["mixed"], x["sz"], False, False)))
     for J in (1, 2, 4, 8):
-        f = lambda: T.mhla_triton(x["q"], x["k"], x["v"], x["mix"], wan.grid, wan.blocks, feature_map="relu",
+        f = lambda: triton_op.mhla_triton(x["q"], x["k"], x["v"], x["mix"], wan.grid, wan.blocks, feature_map="relu",
                                   algorithm="chunked", splits=J)
         print(f"wan full forward J={J}: {timed(f)} ms", flush=True)
 

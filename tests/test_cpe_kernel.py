@@ -7,7 +7,7 @@ import torch
 
 import mediagen
 from mediagen.kernels.cpe import cpe_add, cpe_add_reference
-from mediagen.kernels.mhla import triton_op
+from mediagen.kernels.mhla import autograd as op_autograd, tiles as op_tiles
 from mediagen.models import processors
 from models_fixtures import dit_inputs, tiny_dit
 
@@ -93,11 +93,11 @@ def test_sampling_takes_the_fused_cpe_and_training_the_conv(device, monkeypatch,
     and autograd; all give the same output."""
     monkeypatch.setenv("MEDIAGEN_MHLA_BACKEND", backend)
     monkeypatch.setattr(processors, "fused_cpe_device", lambda t: True)
-    monkeypatch.setattr(triton_op, "choose_algorithm", lambda *a, **kw: "dense")
+    monkeypatch.setattr(op_tiles, "choose_algorithm", lambda *a, **kw: "dense")
     launched, dense = [], []
     monkeypatch.setattr(processors, "cpe_add", lambda *a: launched.append(1) or cpe_add(*a))
-    run_dense = triton_op._run_dense
-    monkeypatch.setattr(triton_op, "_run_dense",
+    run_dense = op_autograd._run_dense  # (the op's plans launch it)
+    monkeypatch.setattr(op_autograd, "_run_dense",
                         lambda launch, *a: dense.append(tuple(launch.consts[c] for c in ("CK0", "CK1", "CK2")))
                         or run_dense(launch, *a))
     model = mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2], cpe_kernel=3).to(device)

@@ -43,7 +43,7 @@ def test_rows_move_in_16_byte_accesses_at_head_dim_72():
     D*D + D = 5,256 elements, and the head stride of q, k, v and o, 72. Passed as run-time ints, the kernels
     then moved S~ / dS rows and every token row element by element (apply: 129 2-byte accesses per thread,
     key_grad 257, the dense kernel 180). The row length is a compile-time constant and the strides arrive
-    divided by a compile-time unit (triton_op.stride_unit): what is left are the z / den vectors, one to
+    divided by a compile-time unit (launches.stride_unit): what is left are the z / den vectors, one to
     three accesses. (The summary kernel writes its rows in 2-byte stores on purpose, triton_chunked.py
     says why.)"""
     proc = run("--head-dim", "72", "--kernels", "apply,query_grad,key_grad,dense")

@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from mediagen.kernels import mhla, mhla_reference, token_block_ids
-from mediagen.kernels.mhla import kernel_settings, launch_settings, settings as launch_defaults, triton_op
+from mediagen.kernels.mhla import autograd as op_autograd, block_token_lists, kernel_settings, launch_settings
+from mediagen.kernels.mhla import launches as op_launches, tiles as op_tiles, settings as launch_defaults
 from mediagen.kernels.mhla.triton_common import first_column, hi_lo_columns
 from mediagen.kernels.mhla.triton_op import mhla_triton
 from mediagen.kernels.switches import use_switches
@@ -96,13 +97,13 @@ def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward
     """After a dense forward the backward runs the dense kernels (or, switched off or over the block limit, makes
     the summaries again for the chunked ones); both give the reference's gradients, and only the chosen kernels
     launch."""
-    monkeypatch.setattr(triton_op, "DENSE_BACKWARD", dense_backward)
-    monkeypatch.setattr(triton_op, "DENSE_BACKWARD_MAX_BLOCKS", max_blocks)
-    monkeypatch.setattr(triton_op, "_plans", {})
+    monkeypatch.setattr(op_tiles, "DENSE_BACKWARD", dense_backward)
+    monkeypatch.setattr(op_tiles, "DENSE_BACKWARD_MAX_BLOCKS", max_blocks)
+    monkeypatch.setattr(op_autograd, "_plans", {})
     names = ("dense_key_grad_kernel", "key_grad_kernel")
-    recorders = {name: LaunchRecorder(getattr(triton_op, name)) for name in names}
+    recorders = {name: LaunchRecorder(getattr(op_launches, name)) for name in names}
     for name, recorder in recorders.items():
-        monkeypatch.setattr(triton_op, name, recorder)
+        monkeypatch.setattr(op_launches, name, recorder)
     grid, blocks, H, D = (5, 9), (2, 3), 2, 24
     q, k, v = make(2, grid, H, D, torch.float32, device, "elu1")
     mix = torch.rand(H, 6, 6, device=device)
@@ -124,9 +125,9 @@ def test_dense_backward_reads_what_the_forward_kept(device, monkeypatch):
     and no feature map attention is nearly uniform and dp = (g.v - g.o) / den subtracts nearly equal terms: g.o
     from the bf16 o alone put dq 6.4e-2 off fp64 here (the CPU interpreter), with the kept part 5.3e-3. Sampling
     (no grad) keeps nothing."""
-    monkeypatch.setattr(triton_op, "_plans", {})
-    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
-    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    monkeypatch.setattr(op_autograd, "_plans", {})
+    recorder = LaunchRecorder(op_launches.dense_forward_kernel)
+    monkeypatch.setattr(op_launches, "dense_forward_kernel", recorder)
     grid, blocks, H, D = (8, 3, 8), (3, 1, 2), 2, 24
     torch.manual_seed(0)
     base = [torch.randn(1, math.prod(grid), H, D, dtype=torch.float64).abs() for _ in range(3)]
@@ -329,18 +330,18 @@ def test_short_sequences_walk_in_one_whole_step():
     """Below a tile's length the dense backward's tiles shrink to the sequence (a power of two, 16 at least): each
     walk is one whole step, without a tail step, a loop of no steps or software pipelining (one stage). Those
     gave wrong half-precision gradients on the H200 at 29 tokens (REPORTED_SHORT)."""
-    settings = triton_op.current_settings()
-    set_tiles = triton_op.dense_grad_tiles(settings, 96, torch.bfloat16)
+    settings = launch_defaults.current_settings()
+    set_tiles = op_tiles.dense_grad_tiles(settings, 96, torch.bfloat16)
     for N, rows in ((8, 16), (29, 32), (64, 64)):
-        tiles = triton_op.dense_grad_tiles(settings, 96, torch.bfloat16, N)
+        tiles = op_tiles.dense_grad_tiles(settings, 96, torch.bfloat16, N)
         assert (tiles["BT"], tiles["BS"], tiles["stages"]) == (rows, rows, 1), (N, tiles)
-        assert triton_op.dense_tail(N, tiles["BS"], tiles["BD"] + tiles["BD2"], False) == 0
+        assert op_tiles.dense_tail(N, tiles["BS"], tiles["BD"] + tiles["BD2"], False) == 0
         assert tiles["warps"] <= 4
-        launch = triton_op._dense_grad_launch(settings, (1, N, 1, 96), torch.bfloat16, ((N * 96, 96, 96, 1),) * 4,
+        launch = op_launches._dense_grad_launch(settings, (1, N, 1, 96), torch.bfloat16, ((N * 96, 96, 96, 1),) * 4,
                                               4, False, False, 1e-6, 1.0, 1)
         assert launch.query.consts["TAIL"] == 0 and launch.query.consts["num_stages"] == 1
         assert launch.query.grid == (1, 1)
-    long = triton_op.dense_grad_tiles(settings, 96, torch.bfloat16, 4096)
+    long = op_tiles.dense_grad_tiles(settings, 96, torch.bfloat16, 4096)
     assert long == set_tiles and long["stages"] > 1  # long sequences keep the set tiles
 
 
@@ -384,8 +385,8 @@ def test_query_grad_multiplies_fp32_summaries_in_two_parts(device, dtype):
     S = z[..., :, None] * m[..., None, :] + 1e-2 * torch.randn(B, H, M, D, D, generator=gen)  # S~[e, d]
     mixed = torch.cat([S.flatten(-2), z], -1).to(device)
     q, g = q.to(device=device, dtype=dtype), g.to(device=device, dtype=dtype)
-    order, offsets, _ = triton_op.block_token_lists(grid, blocks, device)
-    dq, _ = triton_op.launch_query_grad(q, g, torch.empty_like(q), mixed, order, offsets, M, 1, True, eps, 1.0, 0)
+    order, offsets, _ = block_token_lists(grid, blocks, device)
+    dq, _ = op_launches.launch_query_grad(q, g, torch.empty_like(q), mixed, order, offsets, M, 1, True, eps, 1.0, 0)
     ids = token_block_ids(grid, blocks)
     Si, zi = S.double()[:, :, ids], z.double()[:, :, ids]  # (B, H, N, D, D), (B, H, N, D)
     qh, gh = (t.double().cpu().transpose(1, 2) for t in (q, g))
@@ -430,12 +431,12 @@ def test_algorithm_choice_charges_the_host_only_in_eager():
     dense forward (the host's launches cost more than its extra GPU work) and traced code the chunked one; at a
     batch of 16 both take chunked, at DiT-XL/2 256 px both take dense."""
     video = dict(N=1024, H=6, D=64, M=16, splits=1, dtype=torch.bfloat16, rope=True, for_backward=False)
-    eager = triton_op.EAGER_LAUNCH_S
-    assert triton_op.choose_algorithm(B=2, **video, launch_s=eager) == "dense"
-    assert triton_op.choose_algorithm(B=2, **video) == "chunked"
-    assert triton_op.choose_algorithm(B=16, **video, launch_s=eager) == "chunked"
+    eager = op_tiles.EAGER_LAUNCH_S
+    assert op_tiles.choose_algorithm(B=2, **video, launch_s=eager) == "dense"
+    assert op_tiles.choose_algorithm(B=2, **video) == "chunked"
+    assert op_tiles.choose_algorithm(B=16, **video, launch_s=eager) == "chunked"
     dit = dict(B=8, N=256, H=16, D=72, M=16, splits=1, dtype=torch.bfloat16)
-    assert triton_op.choose_algorithm(**dit, launch_s=eager) == triton_op.choose_algorithm(**dit) == "dense"
+    assert op_tiles.choose_algorithm(**dit, launch_s=eager) == op_tiles.choose_algorithm(**dit) == "dense"
 
 
 def test_training_choice_costs_the_backward_too():
@@ -445,7 +446,7 @@ def test_training_choice_costs_the_backward_too():
     256 (460 against 519); chunked at 784 tokens and DiT-XL/2 512 px (983 and 517 us, against 4,696 and 1,499 for
     the dense pair as last timed there, with a backward 20% slower than now)."""
     def choice(B, N, H, D, M):
-        return triton_op.choose_algorithm(B, N, H, D, M, 1, torch.bfloat16, rope=False, for_backward=True)
+        return op_tiles.choose_algorithm(B, N, H, D, M, 1, torch.bfloat16, rope=False, for_backward=True)
 
     assert choice(8, 256, 16, 72, 16) == choice(64, 256, 16, 72, 16) == choice(256, 196, 3, 64, 9) == "dense"
     assert choice(256, 784, 3, 64, 16) == choice(8, 1024, 16, 72, 25) == "chunked"
@@ -477,7 +478,7 @@ def test_dense_triton_op(device, dtype, per_head, rope):
     if rope:
         angles = torch.rand(30, D // 2, device=device) * 6
         cos, sin = angles.cos(), angles.sin()
-    blk = triton_op._token_blocks_int32(grid, blocks, device)
+    blk = op_launches._token_blocks_int32(grid, blocks, device)
     args = (q, k, v, mix, blk, True, 1e-6, "relu", 1.0, cos, sin)
     # (the fake implementation runs on a GPU: Triton's CPU interpreter launches a kernel even on fake tensors)
     checks = ("test_schema", "test_faketensor") if q.is_cuda else ("test_schema",)
@@ -517,7 +518,7 @@ def test_summaries_kept_for_a_backward_are_fp32(device, monkeypatch):
     """A bf16 forward keeps fp32 summaries when something will be differentiated (the backward's gradients
     subtract nearly equal terms made of them) and stores bf16 ones when nothing is (half the bytes)."""
     plans = {}
-    monkeypatch.setattr(triton_op, "_plans", plans)
+    monkeypatch.setattr(op_autograd, "_plans", plans)
     grid, blocks = (4, 6), (2, 3)
     q, k, v = make(1, grid, 2, 16, torch.bfloat16, device, "relu")
     mix = torch.rand(6, 6, device=device)
@@ -573,15 +574,15 @@ def test_split_choice_traces_without_graph_breaks(monkeypatch):
     """On a GPU the traced op chooses its token splits from the launch settings, which live in a ContextVar
     that Dynamo in torch 2.11 cannot read (2.14 can): the choice must trace in one graph there too (it broke
     the graph at every compiled MHLA layer) and equal the eager choice. A stand-in SM count lets the CUDA branch run on any machine."""
-    monkeypatch.setattr(triton_op, "_num_sms", torch.compiler.assume_constant_result(lambda index: 132))
+    monkeypatch.setattr(op_tiles, "_num_sms", torch.compiler.assume_constant_result(lambda index: 132))
     cuda = torch.device("cuda", 0)
     cases = [(1, 2, 4, 1024, 64), (2, 6, 16, 64, 64), (8, 16, 16, 16, 72), (1, 1, 1, 4096, 128)]
 
     def scaled(x):
-        return [x * triton_op.choose_splits(B, H, M, largest, D, cuda) for B, H, M, largest, D in cases]
+        return [x * op_tiles.choose_splits(B, H, M, largest, D, cuda) for B, H, M, largest, D in cases]
 
     got = torch.compile(scaled, fullgraph=True, backend="eager")(torch.ones(()))
-    want = [triton_op.choose_splits(B, H, M, largest, D, cuda) for B, H, M, largest, D in cases]
+    want = [op_tiles.choose_splits(B, H, M, largest, D, cuda) for B, H, M, largest, D in cases]
     assert [int(g) for g in got] == want
     assert max(want) > 1  # a case with splits, so the settings' token step decided something
 
@@ -676,7 +677,7 @@ def test_dense_padded_head_dim(device, normalize, rope, dtype, D):
     two tiles of 32 + 16 columns (fp32: one of 64); 100 runs one tile of 128. A padding column carries
     the denominator when normalising without RoPE (for the two tiles, in the second)."""
     grid, blocks = (5, 9), (2, 3)
-    settings = triton_op.dense_settings(D, dtype, rope, normalize)
+    settings = op_tiles.dense_settings(D, dtype, rope, normalize)
     pieces = (32, 16) if D == 40 and dtype == torch.bfloat16 else (64 if D == 40 else 128, 0)
     assert (settings["BD"], settings["BD2"]) == pieces and settings["DEN_COL"] == (normalize and not rope)
     q, k, v = make(2, grid, 2, D, dtype, device, "elu1")
@@ -728,7 +729,7 @@ def test_mix_kernel(device, M, J, D, per_head, transpose, dtype, out_dtype, prog
     mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
     ieee = dtype == torch.float32
     with launch_settings("mix", **columns):
-        out = triton_op.launch_mix(mix, src, J, ieee, transpose=transpose, out_dtype=out_dtype,
+        out = op_launches.launch_mix(mix, src, J, ieee, transpose=transpose, out_dtype=out_dtype,
                                    column_programs=programs)
     a = mix.double().transpose(-1, -2) if transpose else mix.double()
     a = a.repeat_interleave(J, dim=-1).expand(H, M, M * J)
@@ -747,7 +748,7 @@ def test_mix_kernel_row_slab(device, per_head, transpose):
     mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
     slab = mix[..., rows, :]
     src = torch.randn(B, H, 6 if transpose else M, X, device=device)
-    out = triton_op.launch_mix(slab, src, 1, True, transpose=transpose)
+    out = op_launches.launch_mix(slab, src, 1, True, transpose=transpose)
     a = slab.double().transpose(-1, -2) if transpose else slab.double()
     want = torch.einsum("hik,bhkx->bhix", a.expand(H, *a.shape[-2:]), src.double())
     assert out.shape == (B, H, M if transpose else 6, X)
@@ -764,7 +765,7 @@ def test_mix_kernel_bf16_products(device, M, J, per_head, transpose, lowp):
     src = torch.randn(B, H, M * J, X, device=device).to(torch.bfloat16)
     mix = torch.rand((H, M, M) if per_head else (M, M), device=device)
     with launch_settings("mix", lowp=lowp):
-        out = triton_op.launch_mix(mix, src, J, False, transpose=transpose, out_dtype=torch.bfloat16)
+        out = op_launches.launch_mix(mix, src, J, False, transpose=transpose, out_dtype=torch.bfloat16)
     a = mix.double().transpose(-1, -2) if transpose else mix.double()
     want = torch.einsum("hik,bhkx->bhix", a.repeat_interleave(J, dim=-1).expand(H, M, M * J), src.double())
     assert rel_err(out, want) < 1e-2
@@ -775,11 +776,11 @@ def test_mix_rejects_bad_arguments(device):
     src = torch.randn(1, 2, 6, 272, device=device)
     mix = torch.rand(3, 3, device=device)
     with pytest.raises(ValueError):
-        triton_op.launch_mix(mix, src, 1, True)
+        op_launches.launch_mix(mix, src, 1, True)
     with pytest.raises(ValueError):
-        triton_op.launch_mix(mix, src.transpose(-1, -2).contiguous().transpose(-1, -2), 2, True)
+        op_launches.launch_mix(mix, src.transpose(-1, -2).contiguous().transpose(-1, -2), 2, True)
     with pytest.raises(ValueError):
-        triton_op.launch_mix(mix, src, 2, True, column_programs=0)
+        op_launches.launch_mix(mix, src, 2, True, column_programs=0)
 
 
 @pytest.mark.parametrize("how", ["torch", "triton"])
@@ -791,7 +792,7 @@ def test_mix_grad_parts_summed(device, how, per_head):
     B, H, M, X = 2, 3, 5, 16 * 16 + 16
     left, right = (torch.randn(B, H, M, X, device=device) for _ in range(2))
     with launch_settings("mix_grad", XT=64, BK=32, sum=how, BR=4, BY=16):
-        got = triton_op.launch_mix_grad(left, right, per_head, True)
+        got = op_launches.launch_mix_grad(left, right, per_head, True)
     want = torch.einsum("bhix,bhjx->hij" if per_head else "bhix,bhjx->ij", left.double(), right.double())
     assert got.shape == want.shape and got.dtype == torch.float32
     assert rel_err(got, want) < 1e-5
@@ -809,12 +810,12 @@ def test_mix_grad_sum_auto(device, monkeypatch, per_head, least, expect):
             launched.append(grid)
             return part_sum[grid]
 
-    part_sum = triton_op.part_sum_kernel
-    monkeypatch.setattr(triton_op, "part_sum_kernel", Recorded())
+    part_sum = op_launches.part_sum_kernel
+    monkeypatch.setattr(op_launches, "part_sum_kernel", Recorded())
     B, H, M, X = 2, 3, 5, 16 * 16 + 16
     left, right = (torch.randn(B, H, M, X, device=device) for _ in range(2))
     with launch_settings("mix_grad", XT=64, BK=32, sum="auto", sum_programs=least, BR=4, BY=16):
-        got = triton_op.launch_mix_grad(left, right, per_head, True)
+        got = op_launches.launch_mix_grad(left, right, per_head, True)
     want = torch.einsum("bhix,bhjx->hij" if per_head else "bhix,bhjx->ij", left.double(), right.double())
     assert rel_err(got, want) < 1e-5
     assert bool(launched) == expect, launched
@@ -929,7 +930,7 @@ def test_rope_real_size_on_gpu(dtype):
 def test_stride_unit():
     """The power of two the kernels' row strides are divided by: DiT's head stride 72 gives 8, Wan's 128 gives
     16; odd strides 1; a stride that needs 64 bits 1 (divided, it would be multiplied back in 32 bits)."""
-    unit = triton_op.stride_unit
+    unit = op_launches.stride_unit
     meta = dict(device="meta")
     assert unit(torch.empty(8, 1024, 16, 72, **meta)) == 8
     assert unit(torch.empty(1, 32760, 12, 128, **meta)) == 16
@@ -938,7 +939,7 @@ def test_stride_unit():
     assert unit(torch.empty(1, 1, 1, 16, **meta).expand(2, 45, 2, 16)) == 16  # zero strides divide by anything
     assert unit(torch.empty(2, 2**27, 2, 16, **meta)) == 1
     t = torch.empty(8, 1024, 16, 72, **meta)
-    assert triton_op.row_strides(t, 8) == (1024 * 16 * 9, 16 * 9, 9, 1)
+    assert op_launches.row_strides(t, 8) == (1024 * 16 * 9, 16 * 9, 9, 1)
 
 
 @pytest.mark.parametrize("algorithm", ["chunked", "dense"])
@@ -951,7 +952,7 @@ def test_rows_at_odd_strides(device, algorithm):
     q = torch.randn(2, N, H, D + 1, device=device)[..., :D]
     k = torch.randn(2, H, N, D, device=device).transpose(1, 2)
     v = torch.randn(2, N, H, D, device=device)
-    assert triton_op.stride_unit(q, k, v) == 1
+    assert op_launches.stride_unit(q, k, v) == 1
     mix = torch.rand(6, 6, device=device)
     inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
     refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
@@ -971,11 +972,11 @@ def test_one_step_settings_apply_only_to_single_step_half_precision_programs():
     c = kernel_settings("summary")
     one = (c.one_step.warps or c.warps, c.one_step.stages or c.stages)
     assert one != (c.warps, c.stages)
-    per_program = triton_op._tokens_per_program
-    assert triton_op._config("summary", 72, tokens=per_program(64, 1, torch.bfloat16))[3:] == one
-    assert triton_op._config("summary", 128, tokens=per_program(546, 1, torch.bfloat16))[3:] == (c.warps, c.stages)
+    per_program = op_tiles._tokens_per_program
+    assert op_tiles._config("summary", 72, tokens=per_program(64, 1, torch.bfloat16))[3:] == one
+    assert op_tiles._config("summary", 128, tokens=per_program(546, 1, torch.bfloat16))[3:] == (c.warps, c.stages)
     assert per_program(546, 9, torch.bfloat16) == 61 and per_program(64, 1, torch.float32) is None
-    assert triton_op._config("summary", 72, tokens=None)[3:] == (c.warps, c.stages)
+    assert op_tiles._config("summary", 72, tokens=None)[3:] == (c.warps, c.stages)
 
 
 @pytest.mark.parametrize("rope", [False, True])
@@ -985,10 +986,10 @@ def test_fp32_inputs_take_the_fp32_settings(rope):
     for name in ("summary", "apply", "query_grad", "key_grad"):
         c = kernel_settings(name)
         want = dataclasses.replace(c, **{k: v for k, v in dataclasses.asdict(c.fp32).items() if v is not None})
-        BD, TILE, BT, warps, stages = triton_op._config(name, 128, fp32_rope=rope, fp32=True)
+        BD, TILE, BT, warps, stages = op_tiles._config(name, 128, fp32_rope=rope, fp32=True)
         assert (TILE, warps, stages) == (want.TILE, want.warps, want.stages), name
         assert BT == min(want.BT, 32 if rope else want.BT), name
-        assert triton_op._config(name, 128)[1:] == (c.TILE, c.BT, c.warps, c.stages), name
+        assert op_tiles._config(name, 128)[1:] == (c.TILE, c.BT, c.warps, c.stages), name
     assert kernel_settings("apply").fp32 != launch_defaults.ChunkedVariant()
     assert kernel_settings("key_grad").fp32 != launch_defaults.ChunkedVariant()
 
@@ -1046,7 +1047,7 @@ def test_launch_settings_are_per_thread():
         try:
             with launch_settings("summary", warps=warps):
                 both_inside.wait(timeout=30)
-                seen[warps] = triton_op._config("summary", 64)[3]
+                seen[warps] = op_tiles._config("summary", 64)[3]
                 both_inside.wait(timeout=30)
             seen[warps, "after"] = kernel_settings("summary").warps
         except Exception as err:  # pragma: no cover - reported below
@@ -1087,23 +1088,23 @@ def test_launch_settings_reject_unknown_names():
 def test_kernels_launch_with_the_override(device, monkeypatch):
     """What the launchers pass to the kernels follows the override: the mix's tile, warps and stages, and the
     summary kernel's tile, token step, prefetch, warps and stages; the defaults again after the block."""
-    mix_rec, summary_rec = LaunchRecorder(triton_op.mix_kernel), LaunchRecorder(triton_op.summary_kernel)
-    monkeypatch.setattr(triton_op, "mix_kernel", mix_rec)
-    monkeypatch.setattr(triton_op, "summary_kernel", summary_rec)
+    mix_rec, summary_rec = LaunchRecorder(op_launches.mix_kernel), LaunchRecorder(op_launches.summary_kernel)
+    monkeypatch.setattr(op_launches, "mix_kernel", mix_rec)
+    monkeypatch.setattr(op_launches, "summary_kernel", summary_rec)
     src = torch.randn(1, 2, 5, 16 * 16 + 16, device=device)
     mix = torch.rand(5, 5, device=device)
     with launch_settings("mix", BX=128, warps=2, stages=1, fp32={}):
-        triton_op.launch_mix(mix, src, 1, True)
-    triton_op.launch_mix(mix, src, 1, True)
+        op_launches.launch_mix(mix, src, 1, True)
+    op_launches.launch_mix(mix, src, 1, True)
     fp32 = launch_defaults.DEFAULTS["mix"].fp32
     assert [(r["BX"], r["num_warps"], r["num_stages"]) for r in mix_rec.launches] == [
         (128, 2, 1), (fp32.BX, fp32.warps, fp32.stages)]
 
     grid, blocks = (4, 8), (2, 2)
     k, v = (torch.randn(1, 32, 2, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
-    order, offsets, largest = triton_op.block_token_lists(grid, blocks, k.device)
+    order, offsets, largest = block_token_lists(grid, blocks, k.device)
     with launch_settings("summary", TILE=16, BT=16, warps=2, stages=2, prefetch=False, one_step={}):
-        triton_op.launch_summary(k, v, order, offsets, 4, 1, 1, largest=largest)
+        op_launches.launch_summary(k, v, order, offsets, 4, 1, 1, largest=largest)
     r = summary_rec.launches[-1]
     assert (r["TILE"], r["BT"], r["PREFETCH"], r["num_warps"], r["num_stages"]) == (16, 16, False, 2, 2)
     assert r["grid"][2] == 1  # D = 16 in one 16-column tile
@@ -1113,10 +1114,10 @@ def test_dense_backward_launches_with_its_settings(device, monkeypatch):
     """The dense backward's two kernels take the ``dense_grad`` settings in force at the forward: rows per program,
     rows per step, warps and stages, and a grid of one program per (batch x head, row tile); the same gradients
     as with the defaults."""
-    monkeypatch.setattr(triton_op, "_plans", {})
-    recorders = [LaunchRecorder(getattr(triton_op, n)) for n in ("dense_query_grad_kernel", "dense_key_grad_kernel")]
+    monkeypatch.setattr(op_autograd, "_plans", {})
+    recorders = [LaunchRecorder(getattr(op_launches, n)) for n in ("dense_query_grad_kernel", "dense_key_grad_kernel")]
     for name, recorder in zip(("dense_query_grad_kernel", "dense_key_grad_kernel"), recorders):
-        monkeypatch.setattr(triton_op, name, recorder)
+        monkeypatch.setattr(op_launches, name, recorder)
     grid, blocks = (5, 9), (2, 3)
     q, k, v = (t.requires_grad_() for t in make(2, grid, 2, 16, torch.float32, device, "relu"))
     mix = torch.rand(6, 6, device=device)
@@ -1144,12 +1145,12 @@ def test_fill_rows(BH, N, sms, want):
     and 8 (3 heads, 196 tokens) runs 16 and 64 rows of 4 warps, the video model's (6 heads, 1,024 tokens) at B =
     2 and DiT-XL/2 at B = 8 keep theirs; without an SM count, as set; never under 16 rows. A launch that fills
     the GPU at rows set below 128 (fp32's 64, say) keeps its warps too."""
-    assert triton_op.fill_rows(128, 8, BH, N, sms) == want
-    assert triton_op.fill_rows(64, 8, 512, 256, 132) == (64, 8)
+    assert op_tiles.fill_rows(128, 8, BH, N, sms) == want
+    assert op_tiles.fill_rows(64, 8, 512, 256, 132) == (64, 8)
     rng = random.Random(0)
     for _ in range(200):  # the rule: the largest halving of BT (to 16) with at least half the SMs busy
         BT, BH, N, sms = rng.choice((32, 64, 128, 256)), rng.randint(1, 512), rng.randint(1, 5000), rng.choice((8, 132))
-        rows, warps = triton_op.fill_rows(BT, 8, BH, N, sms)
+        rows, warps = op_tiles.fill_rows(BT, 8, BH, N, sms)
         programs = lambda r: BH * math.ceil(N / r)  # noqa: E731
         assert rows <= BT and rows >= min(16, BT) and BT % rows == 0
         assert programs(rows) >= sms // 2 or rows == 16 or rows == BT and BT <= 16
@@ -1160,10 +1161,10 @@ def test_fill_rows(BH, N, sms, want):
 def test_dense_forward_fills_the_gpu(device, monkeypatch):
     """With an SM count (a GPU's; faked here for the interpreter) a small launch takes fewer rows per program,
     and the output is the same; ``fill=False`` keeps the set rows."""
-    monkeypatch.setattr(triton_op, "_plans", {})
-    monkeypatch.setattr(triton_op, "_sms_of", lambda device: 132)
-    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
-    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    monkeypatch.setattr(op_autograd, "_plans", {})
+    monkeypatch.setattr(op_tiles, "_sms_of", lambda device: 132)
+    recorder = LaunchRecorder(op_launches.dense_forward_kernel)
+    monkeypatch.setattr(op_launches, "dense_forward_kernel", recorder)
     grid, blocks = (5, 9), (2, 3)
     q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
     mix = torch.rand(6, 6, device=device)
@@ -1173,7 +1174,7 @@ def test_dense_forward_fills_the_gpu(device, monkeypatch):
             kept = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
     filled, unfilled = recorder.launches
     assert (filled["BT"], filled["grid"]) == (16, (2, 3))  # 45 rows of 2 heads in tiles of 16
-    assert unfilled["BT"] == triton_op.dense_settings(16, torch.float32, False, True)["BT"] > 16
+    assert unfilled["BT"] == op_tiles.dense_settings(16, torch.float32, False, True)["BT"] > 16
     r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu")
     assert rel_err(o, r) < 1e-4 and rel_err(kept, r) < 1e-4
 
@@ -1218,8 +1219,8 @@ def test_a_launch_of_several_waves_adds_the_cpe_apart(device, monkeypatch):
     monkeypatch.setattr(cpe_kernel, "cpe_add", lambda *a: apart.append(1) or real(*a))
     outs = []
     for sms in (None, 2):
-        monkeypatch.setattr(triton_op, "_plans", {})
-        monkeypatch.setattr(triton_op, "_sms_of", lambda d: sms)
+        monkeypatch.setattr(op_autograd, "_plans", {})
+        monkeypatch.setattr(op_tiles, "_sms_of", lambda d: sms)
         with torch.no_grad():
             outs.append(mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense",
                                     cpe=(weight, b)))
@@ -1244,9 +1245,9 @@ def test_the_forward_refuses_a_cpe_it_cannot_add(device):
 def test_short_sequences_take_the_short_tiles(device, monkeypatch):
     """A sequence of at most ``short_tokens`` tokens launches the dense forward with the ``short`` variant's tiles,
     a longer one with the kernel's own; both match the reference."""
-    monkeypatch.setattr(triton_op, "_plans", {})
-    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
-    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    monkeypatch.setattr(op_autograd, "_plans", {})
+    recorder = LaunchRecorder(op_launches.dense_forward_kernel)
+    monkeypatch.setattr(op_launches, "dense_forward_kernel", recorder)
     grid, blocks = (5, 9), (2, 3)
     q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
     mix = torch.rand(6, 6, device=device)
@@ -1259,7 +1260,7 @@ def test_short_sequences_take_the_short_tiles(device, monkeypatch):
     short, long = recorder.launches
     assert (short["BT"], short["num_warps"], short["grid"]) == (16, 2, (2, 3))
     assert (long["BT"], long["num_warps"], long["grid"]) == (64, 4, (2, 1))
-    assert triton_op.dense_settings(64, torch.bfloat16, False, True, N=196)["BT"] == \
+    assert op_tiles.dense_settings(64, torch.bfloat16, False, True, N=196)["BT"] == \
         kernel_settings("dense").for_tokens(196).BT
 
 
@@ -1276,9 +1277,9 @@ def test_the_last_keys_take_a_narrower_step(device, monkeypatch, grid, D, dtype,
     """Where the keys past the last multiple of the step are fewer than half a step, the dense forward walks them
     in one step of their count rounded up to a power of two (``dense_tail``), and the result matches the
     reference: every key is counted once."""
-    monkeypatch.setattr(triton_op, "_plans", {})
-    recorder = LaunchRecorder(triton_op.dense_forward_kernel)
-    monkeypatch.setattr(triton_op, "dense_forward_kernel", recorder)
+    monkeypatch.setattr(op_autograd, "_plans", {})
+    recorder = LaunchRecorder(op_launches.dense_forward_kernel)
+    monkeypatch.setattr(op_launches, "dense_forward_kernel", recorder)
     N = math.prod(grid)
     blocks = (2, 3)
     q, k, v = make(2, grid, 2, D, dtype, device, "relu")
@@ -1292,8 +1293,8 @@ def test_the_last_keys_take_a_narrower_step(device, monkeypatch, grid, D, dtype,
     (launch,) = recorder.launches
     assert (launch["BS"], launch["TAIL"]) == (bs, tail)
     assert rel_err(o, r) < (1e-4 if dtype == torch.float32 else 2e-3)
-    assert [triton_op.dense_tail(N, 64, 64, False) for N in (196, 256, 200, 239)] == [16, 0, 16, 0]
-    assert triton_op.dense_tail(196, 64, 64, True) == triton_op.dense_tail(196, 64, 256, False) == 0
+    assert [op_tiles.dense_tail(N, 64, 64, False) for N in (196, 256, 200, 239)] == [16, 0, 16, 0]
+    assert op_tiles.dense_tail(196, 64, 64, True) == op_tiles.dense_tail(196, 64, 256, False) == 0
 
 
 @pytest.mark.parametrize("grid,D,dtype,per_head", [((5, 9), 16, torch.float16, True),
@@ -1302,11 +1303,11 @@ def test_the_dense_backward_walks_the_last_rows_in_a_narrower_step(device, monke
     """Both kernels of the dense backward walk the rows past the last multiple of their step in one narrower step
     (``dense_tail``: 45 and 39 tokens in steps of 32 end with a step of 16), and the gradients of q, k, v and Mc
     match the fp64 reference's."""
-    monkeypatch.setattr(triton_op, "_plans", {})
+    monkeypatch.setattr(op_autograd, "_plans", {})
     names = ("dense_query_grad_kernel", "dense_key_grad_kernel")
-    recorders = [LaunchRecorder(getattr(triton_op, n)) for n in names]
+    recorders = [LaunchRecorder(getattr(op_launches, n)) for n in names]
     for name, recorder in zip(names, recorders):
-        monkeypatch.setattr(triton_op, name, recorder)
+        monkeypatch.setattr(op_launches, name, recorder)
     blocks = (2, 3)
     q, k, v = make(1, grid, 2, D, dtype, device, "relu")
     mix = torch.rand((2, 6, 6) if per_head else (6, 6), device=device)
@@ -1329,9 +1330,9 @@ def test_plans_are_made_once_per_shapes_and_settings(device, monkeypatch):
     options and launch settings reuses the first call's plan; other strides and other launch settings get plans
     of their own, and the launches follow those settings; results match the reference throughout."""
     plans = {}
-    monkeypatch.setattr(triton_op, "_plans", plans)
-    recorder = LaunchRecorder(triton_op.apply_kernel)
-    monkeypatch.setattr(triton_op, "apply_kernel", recorder)
+    monkeypatch.setattr(op_autograd, "_plans", plans)
+    recorder = LaunchRecorder(op_launches.apply_kernel)
+    monkeypatch.setattr(op_launches, "apply_kernel", recorder)
     grid, blocks = (4, 6), (2, 3)
     q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
     mix = torch.rand(6, 6, device=device)
@@ -1358,11 +1359,11 @@ def test_later_calls_launch_the_compiled_kernels_directly(device, monkeypatch):
     with fresh inputs launch the compiled kernels directly and give the same results as the dispatch; a
     misaligned input (same shape and strides, pointer off a 16-byte boundary) goes through the dispatch again.
     Under the interpreter every launch dispatches. Forward and backward, bf16 on the GPU."""
-    monkeypatch.setattr(triton_op, "_plans", {})
-    recorders = {name: LaunchRecorder(getattr(triton_op, name))
+    monkeypatch.setattr(op_autograd, "_plans", {})
+    recorders = {name: LaunchRecorder(getattr(op_launches, name))
                  for name in ("dense_forward_kernel", "dense_query_grad_kernel")}
     for name, recorder in recorders.items():
-        monkeypatch.setattr(triton_op, name, recorder)
+        monkeypatch.setattr(op_launches, name, recorder)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     grid, blocks = (4, 8), (2, 2)
     mix = torch.rand(4, 4, device=device)
@@ -1395,8 +1396,8 @@ def test_later_calls_launch_the_compiled_kernels_directly(device, monkeypatch):
 def test_backward_launches_with_the_forwards_settings(device, monkeypatch):
     """Autograd may run the backward on another thread (its GPU workers): the backward kernels launch with the
     settings in force when the forward ran, also when the backward runs in a thread of its own."""
-    recorder = LaunchRecorder(triton_op.key_grad_kernel)
-    monkeypatch.setattr(triton_op, "key_grad_kernel", recorder)
+    recorder = LaunchRecorder(op_launches.key_grad_kernel)
+    monkeypatch.setattr(op_launches, "key_grad_kernel", recorder)
     grid, blocks = (4, 8), (2, 2)
     q, k, v = (t.requires_grad_() for t in make(1, grid, 2, 16, torch.float32, device, "relu"))
     mix = torch.rand(4, 4, device=device)

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 import mediagen
 import mediagen.pipelines.runtime as runtime_module
 from mediagen.cli import main
-from mediagen.kernels.mhla import layout, triton_op
+from mediagen.kernels.mhla import autograd as op_autograd, launches as op_launches, layout
 from mediagen.models import IdentityAutoencoder
 from mediagen.pipelines import (RUNTIMES, ClassConditionalImagePipeline, TextToImagePipeline, TextToVideoPipeline,
                                 make_scheduler)
@@ -155,8 +155,8 @@ def test_cuda_graphs_and_compile_match_eager_in_bf16_on_a_gpu(family, attention,
     for runtime in ("compile", "cuda-graphs"):
         # each runtime starts with the MHLA op's caches empty, as in a fresh process that samples compiled
         # from its first call: the index tensors the plans keep are then made inside the compiled run
-        monkeypatch.setattr(triton_op, "_plans", {})
-        monkeypatch.setattr(triton_op, "_blk_cache", {})
+        monkeypatch.setattr(op_autograd, "_plans", {})
+        monkeypatch.setattr(op_launches, "_blk_cache", {})
         monkeypatch.setattr(layout, "_device_cache", {})
         pipe.set_runtime(runtime)
         # CUDA graphs: a run's first step warms up, the second records, the rest replay; a second run

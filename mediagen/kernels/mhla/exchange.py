@@ -1,6 +1,6 @@
 """The hook through which the chunked MHLA op runs with its blocks spread over several processes.
 
-The Triton op (triton_op.py) runs one sequence of steps, forward and backward. Alone it holds every
+The Triton op (triton_op.py; its steps in autograd.py) runs one sequence of steps, forward and backward. Alone it holds every
 block; given a ``BlockExchange`` it holds the blocks ``rows`` of Mc's block order, and calls the
 exchange at the two points where the processes must combine their parts:
 

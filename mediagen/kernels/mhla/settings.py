@@ -56,7 +56,7 @@ class ChunkedSettings:
     """summary, apply, query_grad and key_grad (triton_chunked.py).
 
     TILE: output columns per program; BT: tokens per loop step (both capped by the padded head dim, and
-    smaller for fp32 with RoPE: triton_op._config); warps and pipeline stages of the launch.
+    smaller for fp32 with RoPE: tiles._config); warps and pipeline stages of the launch.
     lowp: bf16/fp16 inputs multiply in their own dtype with fp32 accumulation instead of as tf32 copies.
     prefetch: the next token step's ids are loaded during this step.
     one_step: replaces warps and stages when every program walks a single token step (half-precision inputs).
@@ -94,9 +94,9 @@ class DenseVariant:
 @dataclass(frozen=True)
 class DenseSettings:
     """The dense forward with its head dim in one tile (triton_dense.py): BT queries and BS keys per step
-    (both smaller for wide or fp32 tiles: triton_op.dense_settings), warps, stages. onehot: block weights
+    (both smaller for wide or fp32 tiles: tiles.dense_settings), warps, stages. onehot: block weights
     picked by a one-hot product (up to 128 blocks) instead of gathered. fill: fewer query rows per program
-    (with the split head dim too) where a launch would leave most SMs idle (triton_op.fill_rows); a sweep of
+    (with the split head dim too) where a launch would leave most SMs idle (tiles.fill_rows); a sweep of
     BT sets it False. short: replaces fields for sequences of at most short_tokens tokens without RoPE (a few key
     steps per program, where a 128-row program has too little to pipeline)."""
 
@@ -116,7 +116,7 @@ class DenseSettings:
 
 @dataclass(frozen=True)
 class DenseSplitSettings:
-    """The dense forward with its head dim in two power-of-two pieces (triton_op.dense_head_pieces)."""
+    """The dense forward with its head dim in two power-of-two pieces (tiles.dense_head_pieces)."""
 
     BT: int
     BS: int
@@ -128,7 +128,7 @@ class DenseSplitSettings:
 class DenseGradSettings:
     """The dense backward (triton_dense_grad.py), both kernels: BT rows (queries for dq, keys for dk and dv) per
     program, BS of the others per step, warps, stages; fp32 inputs take at most 32 of each
-    (triton_op.dense_grad_tiles)."""
+    (tiles.dense_grad_tiles)."""
 
     BT: int
     BS: int
@@ -215,7 +215,7 @@ DEFAULTS: Mapping[str, Settings] = MappingProxyType({
     "key_grad": ChunkedSettings(TILE=128, BT=64, warps=4, stages=3, lowp=True,
                                 one_step=OneStepVariant(warps=8, stages=1),
                                 fp32=ChunkedVariant(BT=16, TILE=32, warps=4, stages=2)),
-    # (BT is capped at 64 for fp32 inputs: triton_op.dense_settings)
+    # (BT is capped at 64 for fp32 inputs: tiles.dense_settings)
     # short: at the class-to-image models' 196 tokens (D = 64, no gradients, rows filled as shipped) one tile of 256
     # rows, 3 stages, was the best over batches 2 to 128 (geometric mean of time over each batch's best 1.05; 128
     # rows, 2 stages 1.17; 64 rows, 4 warps 1.08): B = 128 34.5 against 48.3 us (cuDNN 25.6), B = 32 11.8 against

@@ -24,7 +24,7 @@ stores would first move the accumulator out of the tensor-core layout through sh
 DiT-XL/2 512 px takes 200 us against 119 us with 2-byte stores (H200, benchmarks/RESULTS.md, kernel
 launch settings).
 AL: the batch, token and head strides of q, k, v and their outputs arrive divided by AL (a power of two up to
-16 dividing all of them, triton_op.stride_unit) and are multiplied back here, so that the compiler knows
+16 dividing all of them, launches.stride_unit) and are multiplied back here, so that the compiler knows
 each token row starts 16-byte aligned. Without it, at DiT's head dim 72 the head stride 72 is not one
 Triton marks 16-divisible at launch, and every q, k, v, o row moves in 2-byte accesses
 (`benchmarks/kernel_resources.py` counts them: 129 per thread in apply, 257 in key_grad).
@@ -41,7 +41,7 @@ does not start with a dependent round trip (ids, then rows). On the H200 it pays
 and not in apply and key_grad (the ``prefetch`` launch setting, settings.py; benchmarks/RESULTS.md, kernel
 launch settings).
 The forward's summaries (S, z and the mixed S~, z~) are stored in fp32 for every input dtype; the backward's
-dS~ and dS in bf16 for bf16 inputs (triton_op.summary_dtype, grad_summary_dtype say why). With LOWP,
+dS~ and dS in bf16 for bf16 inputs (tiles.summary_dtype, grad_summary_dtype say why). With LOWP,
 query_grad multiplies an fp32 S~ as two parts in the input dtype (hi + lo), since dq subtracts two nearly
 equal terms made of it.
 """

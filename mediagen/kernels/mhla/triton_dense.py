@@ -18,7 +18,7 @@ launch settings).
 SAVE (normalised, ahead of the dense backward, triton_dense_grad.py): each row's 1 / den_t goes to INV (B*H, N,
 fp32) and, with LO_PART (half-precision o), what rounding o to its dtype lost, o_fp32 - o, to LO (bf16, o's
 layout): o + lo carries o to about 2^-16 relative, which g.o in the backward needs.
-TAIL > 0: the keys past the last multiple of BS are walked in one step of TAIL keys (``triton_op.dense_tail``: fewer
+TAIL > 0: the keys past the last multiple of BS are walked in one step of TAIL keys (``tiles.dense_tail``: fewer
 than half a step, rounded up to a power of two) instead of a whole masked step of BS; the dense backward's walks
 do the same (triton_dense_grad.py).
 CK0 > 0 (sampling, nothing saved): the layer's conditional positional encoding is added to o before it is stored,

@@ -2,7 +2,7 @@
 
 mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~ = Mc S, or Mc^T dS~)
                   J token splits of a block are summed by the same product. src and out may be bf16
-                  (the summaries of a bf16 forward that nothing differentiates, triton_op.summary_dtype; fp32
+                  (the summaries of a bf16 forward that nothing differentiates, tiles.summary_dtype; fp32
                   otherwise); the product is fp32 (tf32 unless IEEE), or with
                   LOWP (the ``lowp`` launch setting, on by default) bf16 x bf16 for bf16 summaries, Mc rounded
                   to bf16: 11.0 vs 27.3 us at Wan 480p on the H200 (benchmarks/RESULTS.md, kernel launch

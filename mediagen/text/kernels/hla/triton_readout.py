@@ -45,7 +45,7 @@ from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/ker
 class ReadoutSettings:
     """The readout kernel's launch: BT tokens per program at padded head dims up to 64 (``BT64``) and up to 128
     (``BT128``), warps, pipeline stages. ``benchmarks/sweep_hla_readout.py --layer`` measures the choices inside
-    a real layer (benchmarks/RESULTS.md, HLA readout)."""
+    a real layer (benchmarks/RESULTS.md, HLA kernels)."""
 
     BT64: int = 64
     BT128: int = 32
