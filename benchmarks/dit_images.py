@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 
 import mediagen
+from diffusers.models.attention_processor import AttnProcessor2_0
 from mediagen.attention.mhla import clip_mixes_
-from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
+from benchmarks.model_timing import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,
+                                     reset_self_attention)
 from mediagen.eval.timing import measure
 from mediagen.models.presets import build_transformer
 
@@ -70,6 +72,9 @@ def main(argv=None):
         base = {}
         for mode in modes:
             for variant in variants:
+                # every layer from scratch: convert keeps layers it recorded as the attention asked, and records
+                # the hand-set ProjectionsOnly as sdpa (model_timing.reset_self_attention)
+                reset_self_attention(model, [block.attn1 for block in model.transformer_blocks], AttnProcessor2_0)
                 if variant == "projections-only":
                     mediagen.convert(model, "sdpa", reinit=True)
                     for block in model.transformer_blocks:

@@ -42,3 +42,19 @@ class ProjectionsOnly:
         if getattr(attn, "norm_q", None) is not None:
             q, k = attn.norm_q(q), attn.norm_k(k)
         return attn.to_out[1](attn.to_out[0](q + k + v))
+
+
+def reset_self_attention(model, layers, stock_processor) -> None:
+    """Every self-attention layer in ``layers`` back to a fresh ``stock_processor()`` and the model's record of
+    its conversion dropped, so that the next variant builds every layer from scratch.
+
+    ``mediagen.convert`` leaves a layer alone when its recorded attention and options already are the ones asked
+    (that keeps trained weights), and it does not know processors set by hand (``NoSelfAttention``,
+    ``ProjectionsOnly``), which are recorded as "sdpa". Without this reset a variant that follows one of them
+    inherits its layers: "sdpa" after "no-self-attn" measured no attention at all."""
+    from mediagen.models.converted import CONFIG_KEY
+
+    for attn in layers:
+        attn.set_processor(stock_processor())
+    if model.config.get(CONFIG_KEY) is not None:
+        model.register_to_config(**{CONFIG_KEY: None})

@@ -25,10 +25,10 @@ import torch
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 import mediagen
+from benchmarks import model_timing
 from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
 from mediagen.eval.timing import measure
 from mediagen.models.attention_spec import AttentionSpec
-from mediagen.models.converted import CONFIG_KEY
 from mediagen.models.latent_grid import LatentGrids
 from mediagen.models.presets import build_transformer, preset
 from mediagen.models.processors import WanMHLAProcessor
@@ -44,18 +44,8 @@ class NoSelfAttention:
 
 
 def reset_self_attention(model):
-    """Every self-attention layer back to a fresh stock (softmax) processor, and the model's record of
-    its conversion dropped, so that the next variant builds every layer from scratch.
-
-    ``mediagen.convert`` leaves a layer alone when its recorded attention and options already are the
-    ones asked (that keeps trained weights), and it does not know the processors set here by hand
-    (``NoSelfAttention``, ``ProjectionsOnly``), which are recorded as "sdpa". Without this reset a
-    variant that follows one of them inherits its layers: "sdpa" after "no-self-attn" measured no
-    attention at all."""
-    for block in model.blocks:
-        block.attn1.set_processor(WanAttnProcessor())
-    if model.config.get(CONFIG_KEY) is not None:
-        model.register_to_config(**{CONFIG_KEY: None})
+    """Every self-attention layer back to Wan's stock processor (``model_timing.reset_self_attention``)."""
+    model_timing.reset_self_attention(model, [block.attn1 for block in model.blocks], WanAttnProcessor)
 
 
 def set_variant(model, variant: str, grid, blocks):
