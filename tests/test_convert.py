@@ -1,5 +1,7 @@
 """mediagen.convert on tiny random Wan and DiT transformers: exactness, hybrids, round-trips, errors."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -47,7 +49,7 @@ def _check_layers_match_reference(model, inputs, qkv_fn, grid, blocks, blocks_at
 
 
 def test_wan_mhla_layers_equal_reference_on_their_qkv():
-    model = mediagen.convert(tiny_wan(), "mhla", blocks=[2, 2, 3])
+    model = mediagen.convert(tiny_wan(), "mhla", blocks=[2, 2, 3], rope="none")   # the oracle has no rope
     with torch.no_grad():  # a non-uniform Mc, so a wrong block layout would show
         for attn in (b.attn1 for b in model.blocks):
             attn.processor.core.mix.uniform_(0, 1)
@@ -88,7 +90,7 @@ def test_rope_features_match_dense_oracle():
 
 
 def test_grid_follows_batch_and_resolution():
-    model = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2])
+    model = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2], rope="none")   # as the oracle
     big = wan_inputs(batch=2, frames=3, height=8, width=12)
     small = wan_inputs(batch=1, frames=2, height=6, width=8, seed=5)
     out_big = run(model, big)
@@ -169,6 +171,68 @@ def test_hybrids_convert_exactly_the_layers_asked():
                    "blocks.5.attn1.processor.core.mix"]
 
 
+def test_diffusion_pipeline_loads_a_converted_pipeline_after_import_mediagen(tmp_path):
+    """Diffusers takes a library that model_index.json names from sys.modules, importing none: after
+    ``import mediagen`` alone (still light), ``DiffusionPipeline.from_pretrained`` finds the converted
+    transformer and the pixel-space autoencoder, the text encoder's module is listed as well, and the
+    usual import forms reach the same module objects."""
+    from diffusers import DDIMScheduler, DiTPipeline
+
+    from mediagen.models.identity_autoencoder import IdentityAutoencoder
+
+    model = mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2])
+    DiTPipeline(transformer=model, vae=IdentityAutoencoder(latent_channels=model.config.in_channels),
+                scheduler=DDIMScheduler()).save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["transformer"] == ["mediagen.models.converted", "MHLADiTTransformer2DModel"]
+    code = f"""
+import sys, mediagen
+assert 'torch' not in sys.modules and 'diffusers' not in sys.modules
+from diffusers import DiffusionPipeline
+pipe = DiffusionPipeline.from_pretrained({str(tmp_path)!r})
+assert type(pipe.transformer) is mediagen.MHLADiTTransformer2DModel, type(pipe.transformer)
+assert type(pipe.vae).__name__ == 'IdentityAutoencoder'
+import mediagen.models.converted as converted
+import mediagen.models.identity_autoencoder
+from mediagen.models import byte_text_encoder
+from mediagen.models.converted import MHLAWanTransformer3DModel
+assert converted is sys.modules['mediagen.models.converted'] is mediagen.models.converted
+assert converted.MHLAWanTransformer3DModel is MHLAWanTransformer3DModel is mediagen.MHLAWanTransformer3DModel
+assert mediagen.models.identity_autoencoder.IdentityAutoencoder is type(pipe.vae)
+assert byte_text_encoder.ByteTextEncoder.__module__ == 'mediagen.models.byte_text_encoder'
+# the text encoder's module (its package imports torch) is listed too, and every import form reaches it
+assert 'mediagen.text.encoders' not in sys.modules
+encoder = getattr(sys.modules['mediagen.text.encoders.encoder'], 'MediagenTextEncoder')   # as diffusers does
+import mediagen.text.encoders.encoder as module
+from mediagen.text.encoders import MediagenTextEncoder, load_text_encoder
+assert encoder is module.MediagenTextEncoder is MediagenTextEncoder is mediagen.text.encoders.encoder.MediagenTextEncoder
+assert sys.modules['mediagen.text.encoders'] is mediagen.text.encoders and type(module) is type(sys)
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_a_folder_of_another_family_names_the_class_to_load_it_with(tmp_path):
+    """Diffusers builds any config with any class: a DiT folder through the Wan class failed inside
+    ``__init__`` ("TypeError: 'int' object is not iterable"); it now refuses in one line naming the class."""
+    mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2]).save_pretrained(tmp_path / "dit")
+    tiny_dit().save_pretrained(tmp_path / "plain-dit")
+    mediagen.convert(tiny_wan(), "mhla", blocks=[1, 2, 2]).save_pretrained(tmp_path / "wan")
+    with pytest.raises(ValueError, match=r"dit holds a MHLADiTTransformer2DModel .* MHLAWanTransformer3DModel cannot "
+                                         r"load: use mediagen.MHLADiTTransformer2DModel.from_pretrained\(path\)"):
+        MHLAWanTransformer3DModel.from_pretrained(tmp_path / "dit")
+    with pytest.raises(ValueError, match=r"plain-dit holds a DiTTransformer2DModel .* use "
+                                         r"diffusers.DiTTransformer2DModel.from_pretrained"):
+        MHLAWanTransformer3DModel.from_pretrained(tmp_path / "plain-dit")
+    with pytest.raises(ValueError, match=r"wan holds a MHLAWanTransformer3DModel .*load_transformer\(path\)"):
+        MHLADiTTransformer2DModel.from_pretrained(tmp_path / "wan")
+    # its own family loads, converted or plain
+    assert type(MHLADiTTransformer2DModel.from_pretrained(tmp_path / "plain-dit")) is MHLADiTTransformer2DModel
+    assert type(MHLAWanTransformer3DModel.from_pretrained(tmp_path / "wan")) is MHLAWanTransformer3DModel
+
+
 def test_convert_a_pipeline_records_the_new_class():
     from mediagen.pipelines.building import build_pipeline
 
@@ -226,15 +290,40 @@ def test_wan_mhla_without_positions_warns():
     import warnings
 
     with pytest.warns(UserWarning, match="see no token positions"):
-        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2])
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], rope="none")
     with pytest.warns(UserWarning, match="rope='features'"):
-        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "wan-mhla-h", blocks=[1, 2, 2])
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "wan-mhla-h", blocks=[1, 2, 2], rope="none")
     with warnings.catch_warnings():
         warnings.simplefilter("error")                      # positioned variants and softmax: no warning
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2])   # rope default
         mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], rope="features")
-        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], cpe_kernel=3)
+        mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "mhla", blocks=[1, 2, 2], cpe_kernel=3,
+                         rope="none")
         mediagen.convert(mediagen.models.build_transformer("wan-tiny"), "sdpa")
         mediagen.convert(mediagen.models.build_transformer("dit-tiny"), "mhla", blocks=[2, 2])
+
+
+def test_wan_keeps_its_rope_unless_asked_not_to(tmp_path):
+    """Wan's RoPE is its only position signal: a conversion that does not name rope keeps it on the MHLA
+    features (rope='features'), saved as such; rope='none' is kept when asked for, a later conversion
+    keeps the earlier one's choice, and a DiT (no RoPE) stays at 'none'."""
+    import warnings
+
+    from mediagen.models.convert import attention_spec_of
+
+    model = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2])
+    assert attention_spec_of(model).rope == "features"
+    model.save_pretrained(tmp_path / "wan")
+    assert json.loads((tmp_path / "wan" / "config.json").read_text())["mediagen_attention"]["rope"] == "features"
+    assert attention_spec_of(mediagen.MHLAWanTransformer3DModel.from_pretrained(tmp_path / "wan")).rope == "features"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blind = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2], rope="none")
+    assert attention_spec_of(blind).rope == "none"
+    again = mediagen.convert(blind, "mhla", blocks=[1, 2, 2], cpe_kernel=3)   # adds a CPE, keeps rope='none'
+    assert attention_spec_of(again).rope == "none"
+    assert attention_spec_of(mediagen.convert(tiny_wan(), "wan-mhla-h", blocks=[1, 2, 2])).rope == "features"
+    assert attention_spec_of(mediagen.convert(tiny_dit(), "mhla", blocks=[2, 2])).rope == "none"
 
 
 def test_wan_mhla_without_rope_cannot_tell_positions_apart():

@@ -38,7 +38,8 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
             block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
             chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N. Options not given (and
             ``blocks=None``) keep the values of an earlier conversion of the model, else take the
-            ``AttentionSpec`` defaults.
+            ``AttentionSpec`` defaults, except ``rope``: "features" for a Wan model (its RoPE, the only
+            position signal it has, rotates the linear / MHLA layers' features), "none" for the others.
 
     Converting again is safe: layers asked for with the attention and options they already have keep
     their processor and trained weights; adding a CPE (``cpe_kernel`` where it was 0, nothing else
@@ -84,6 +85,10 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     old_layers = old.layers if old is not None else [None] * num_layers
     names = [a if a is not None else o for a, o in zip(asked, old_layers)]
     opts = dict(old.options() if old is not None else OPTION_DEFAULTS, **options)
+    if old is None and "rope" not in options and fam.name == "wan":
+        # Wan has no position embedding: the RoPE of its self-attention is its only position signal, so a
+        # first conversion keeps it on the linear / MHLA layers' features unless rope="none" is asked for
+        opts["rope"] = "features"
     converts = {"mhla", "linear"} & set(names)
     if opts["rope"] == "features" and fam.name != "wan":
         raise ValueError(f"rope='features' is for Wan models (they have RoPE); this is a {fam.name} model: use rope='none'")

@@ -69,6 +69,8 @@ def converted_class(base: type, name: str) -> type:
     def load_config(cls, *args, **kwargs):
         out = base.load_config.__func__(cls, *args, **kwargs)
         config = out[0] if isinstance(out, tuple) else out
+        _check_family(config.get("_class_name"), base, name, args[0] if args else
+                      kwargs.get("pretrained_model_name_or_path"), kwargs.get("subfolder"))
         if is_load_marker(config.get(MARKER_KEY)):
             del config[MARKER_KEY]
         return out
@@ -81,6 +83,20 @@ def converted_class(base: type, name: str) -> type:
         "__doc__": f"{base.__name__} whose self-attention layers follow ``config.{CONFIG_KEY}``.",
     }
     return type(name, (base,), namespace)
+
+
+def _check_family(saved: str | None, base: type, name: str, path, subfolder) -> None:
+    """A folder of another model family refuses in one line naming the class to load it with. Diffusers
+    builds any config with any class, only logging the keys it ignores, and the model then fails inside
+    its ``__init__`` (a DiT folder through the Wan class: "TypeError: 'int' object is not iterable")."""
+    families = {c.__name__: c for pair in CONVERTED.items() for c in pair}
+    if saved is None or saved in (base.__name__, name) or saved not in families:
+        return
+    where = f"{path}/{subfolder}" if subfolder else str(path)
+    library = "mediagen" if families[saved] in CONVERTED.values() else "diffusers"
+    raise ValueError(f"{where} holds a {saved} (config.json _class_name), which {name} cannot load: use "
+                     f"{library}.{saved}.from_pretrained(path), or mediagen.models.load_transformer(path), "
+                     f"which takes the class config.json names")
 
 
 MHLAWanTransformer3DModel = converted_class(WanTransformer3DModel, "MHLAWanTransformer3DModel")
