@@ -78,3 +78,45 @@ def render_page(binary: str, url: str, screenshot: Path, size=(1280, 1600), budg
         if dom.returncode != 0:
             raise BrowserUnavailable(f"chromium --dump-dom failed ({dom.returncode}): {dom.stderr[-2000:]}")
     return dom.stdout
+
+
+# Helpers for a script that drives the app inside an iframe of a page served from the app's own origin
+# (so the script can read and click the app's DOM). Headless Chromium's virtual time runs ahead of the
+# server's real work, so a poll waits by a synchronous request to ``sleep_url``, which answers after
+# 0.1 s of real time. ``log(line)`` appends a line to the page's <pre id="result">.
+HARNESS = """<!doctype html><html><body>
+<iframe id="app" src="{app_url}" style="width:1280px;height:1500px"></iframe><pre id="result"></pre>
+<script>
+const lines = [];
+const log = (line) => {{ lines.push(line); document.getElementById('result').textContent = lines.join('\\n'); }};
+const doc = () => document.getElementById('app').contentDocument;
+const pause = async (ticks) => {{ for (let i = 0; i < ticks; i++) {{
+  const x = new XMLHttpRequest(); x.open('GET', '{sleep_url}', false); x.send();
+  await new Promise(r => setTimeout(r, 0)); }} }};
+const until = async (cond, ticks) => {{ for (let i = 0; i < ticks; i++) {{
+  try {{ if (cond()) return true; }} catch (e) {{}} await pause(1); }} return false; }};
+const numberBox = (label) => [...doc().querySelectorAll('.block')].find(b => {{
+  const l = b.querySelector('label, [data-testid="block-info"]');
+  return l && l.textContent.trim().startsWith(label) && b.querySelector('input[type=number]'); }})
+  ?.querySelector('input[type=number]');
+const type = (input, value) => {{
+  Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(input, value);
+  for (const e of ['input', 'change', 'blur']) input.dispatchEvent(new Event(e, {{bubbles: true}})); }};
+const choose = (label) => [...doc().querySelectorAll('label')].find(l => l.textContent.trim() === label)
+  .querySelector('input').click();
+(async () => {{ try {{ {script} }} catch (e) {{ log('exception: ' + e); }} log('done'); }})();
+</script></body></html>"""
+
+
+def drive_page(binary: str, page_url: str, budget_ms: int = 600000, timeout: int = 240) -> list[str]:
+    """Load ``page_url`` (a ``HARNESS`` page) in headless Chromium and return the lines its script logged."""
+    import html
+    import re
+
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        dom = _run([binary, *FLAGS, f"--user-data-dir={profile}", "--window-size=1300,1600",
+                    f"--virtual-time-budget={budget_ms}", "--dump-dom", page_url], timeout)
+    if dom.returncode != 0:
+        raise BrowserUnavailable(f"chromium --dump-dom failed ({dom.returncode}): {dom.stderr[-2000:]}")
+    found = re.search(r'<pre id="result">(.*?)</pre>', dom.stdout, re.S)
+    return html.unescape(found[1]).splitlines() if found else []

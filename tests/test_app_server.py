@@ -369,3 +369,53 @@ def test_headless_chromium_renders_tabs_and_controls(served, tmp_path):
     for text in ("Generate image", "condition on", "attention", "text encoder", "mhla", "linear", "untrained",
                  "video-mhla"):
         assert text in dom, f"{text!r} not in the rendered page"
+
+
+BROWSER_SESSION = r"""
+const steps = () => numberBox('steps');
+const shown = (text) => [...doc().querySelectorAll('label, span')].some(l => l.textContent.includes(text) &&
+                                                                          l.offsetParent !== null);
+log('loaded: ' + await until(() => doc().querySelector('#image-run') && steps().value === '4', 300));
+log('size boxes in class mode: ' + shown('prompt mode'));
+type(steps(), '3');
+await pause(5);
+choose('prompt');
+await until(() => shown('negative prompt'), 100);
+log('steps in prompt mode: ' + steps().value);
+choose('class');
+await until(() => !shown('negative prompt'), 100);
+log('steps back in class mode: ' + steps().value);
+doc().querySelector('#image-run').click();
+await until(() => doc().querySelectorAll('#image-gallery img').length > 0, 600);
+log('images: ' + doc().querySelectorAll('#image-gallery img').length);
+type(steps(), '999');
+await pause(2);
+doc().querySelector('#image-run').click();
+log('error on the status line: ' + await until(() =>
+    /error/i.test(doc().querySelector('#image-status').parentElement.textContent), 300));
+log('images kept: ' + doc().querySelectorAll('#image-gallery img').length);
+log('gallery marked Error: ' + /\bError\b/.test(doc().querySelector('#image-gallery').textContent));
+log('notice: ' + [...doc().querySelectorAll('.toast-body, [data-testid="toast-body"]')]
+    .map(t => t.textContent.trim()).join(' | '));
+"""
+
+
+def test_a_browser_session_keeps_typed_steps_and_outputs(served):
+    """As a user in headless Chromium: class mode opens without the prompt-mode size boxes and with its
+    steps; a typed value survives switching to prompt mode and back; after a run, a refused request
+    leaves the images in place (no "Error" over them), its message in a notice and on the status line."""
+    import time
+
+    from app_browser import HARNESS, drive_page
+    from fastapi.responses import HTMLResponse
+
+    _, url, _, demo = served
+    page = HARNESS.format(app_url="/", sleep_url="/browser-sleep", script=BROWSER_SESSION)
+    demo.app.add_api_route("/browser-session", lambda: HTMLResponse(page))
+    demo.app.add_api_route("/browser-sleep", lambda: time.sleep(0.1))
+    lines = drive_page(install_chromium(), url.rstrip("/") + "/browser-session")
+    assert lines[:8] + lines[9:] == ["loaded: true", "size boxes in class mode: false", "steps in prompt mode: 3",
+                                     "steps back in class mode: 3", "images: 2", "error on the status line: true",
+                                     "images kept: 2", "gallery marked Error: false", "done"], lines
+    assert lines[8].startswith("notice: ") and lines[8].endswith(
+        "steps=999 is out of bounds: this server allows steps from 1 to 4"), lines

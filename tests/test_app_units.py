@@ -514,8 +514,8 @@ def test_the_image_tab_opens_showing_only_class_mode_inputs(tmp_path):
     prompt_only = [b for b in blocks if "prompt mode" in (getattr(b, "label", None) or "")]
     assert len(prompt_only) == 3 and not any(b.visible for b in prompt_only)   # text encoder, height, width
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
-    load = [f for f in fns if f.name == "<lambda>" and not f.inputs and len(f.outputs) == 2]
-    assert len(load) == 1 and load[0].fn() == (app.limits.default_steps,) * 2
+    load = [f for f in fns if f.fn is None and f.js and not f.inputs and len(f.outputs) == 2]
+    assert len(load) == 1 and load[0].js == f"() => [{app.limits.default_steps}, {app.limits.default_steps}]"
     assert all(getattr(o, "label", "").startswith("steps") and o.value is None for o in load[0].outputs)
 
 

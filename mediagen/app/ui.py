@@ -275,10 +275,11 @@ def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> g
             with gr.Tab("Benchmarks", id="benchmarks"):
                 _bench_tab(app)
         # both steps boxes are empty in the config (API callers get each task's own steps); the page shows
-        # the steps of the task each tab starts on (class images, text-to-video)
+        # the steps of the task each tab starts on (class images, text-to-video), set in the browser as the
+        # page loads (no round trip to the server)
         start = app.limits.start_steps(False)
-        demo.load(lambda: (start, start), None, [image_steps, compare_steps], api_name=False, queue=False,
-                  show_progress="hidden")
+        demo.load(None, None, [image_steps, compare_steps], js=f"() => [{start}, {start}]", api_name=False,
+                  queue=False, show_progress="hidden")
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     demo.validate_inputs = _too_few_inputs          # on the instance: Blocks subclasses are not needed for one check
     return demo
