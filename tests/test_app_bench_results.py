@@ -211,7 +211,8 @@ def test_fresh_measurement_times_the_path_the_models_run():
 
 def test_fresh_plot_shows_the_spread_and_plain_tick_labels():
     rows = [{"method": m, "N": n, "fwd_ms": ms, "fwd_min_ms": ms * 0.9, "fwd_max_ms": ms * 1.2, "runs": 3}
-            for m, scale in (("mhla blocked", 1.0), ("sdpa math", 1.5)) for n, ms in ((256, 5.5 * scale), (1024, 7.0 * scale))]
+            for m, scale in (("mhla blocked", 1.0), ("sdpa math", 1.5))
+            for n, ms in ((256, 5.5 * scale), (1024, 7.0 * scale))]
     picked = bench_results.select_series(rows, "mhla vs fastest sdpa", "fwd_ms")
     assert all(r["fwd_min_ms"] < r["fwd_ms"] < r["fwd_max_ms"] for r in picked)       # the spread goes along
     fig = bench_results.figure(picked, "fwd_ms", "measured now (cpu)")

@@ -224,7 +224,8 @@ def _app(tmp_path, **limit_overrides):
     from mediagen.app.models import ModelSet, ModelSource
 
     models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla")),
-                      video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), size={"frames": 3, "height": 8, "width": 8}),
+                      video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"),
+                                        size={"frames": 3, "height": 8, "width": 8}),
                       text_encoders={"FlashAttention": "minilm"})
     base = dict(max_side=64, max_frames=17, max_steps=20, max_batch=2, max_request_s=90.0)
     return MediagenApp(models, Limits(**{**base, **limit_overrides}), device="cpu", output_dir=tmp_path / "out")
@@ -300,8 +301,10 @@ def test_model_info_reads_the_card(tmp_path):
          "measured_on": "512 clips"}))
     (tmp_path / "image-sdpa" / "card.json").write_text("{not json")
     m = models.default_models(tmp_path)
-    assert models.model_info(m, "video", "mhla") == "video-mhla: 40,000 training steps; digit_ok 0.912, direction_ok 1.0, fid 12"
-    assert models.model_details(m, "video", "mhla") == "- training: 2,560,000 clips seen\n- scores measured on: 512 clips"
+    assert models.model_info(m, "video", "mhla") == ("video-mhla: 40,000 training steps; digit_ok 0.912, "
+                                                     "direction_ok 1.0, fid 12")
+    assert models.model_details(m, "video", "mhla") == ("- training: 2,560,000 clips seen\n"
+                                                        "- scores measured on: 512 clips")
     assert models.model_info(m, "video", "sdpa") == "video-sdpa: trained (steps not recorded); scores: not measured"
     assert models.model_details(m, "video", "sdpa") == ""
     assert "card.json unreadable" in models.model_info(m, "image", "sdpa")
