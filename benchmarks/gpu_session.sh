@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease on the H200: install the wheels the image lacks, run the GPU tests, then the benchmarks.
-# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|kernel_tests|hla|mix|speed|train|dense_grad|shipped OUTDIR
+# Usage (repo root, on the GPU machine): bash benchmarks/gpu_session.sh all|kernel_tests|dense_grad_cases|hla|mix|speed|train|dense_grad|shipped OUTDIR
 # Each step is time-boxed so that the whole run fits one 10-minute command.
 set -u
 part=$1; out=$2
@@ -29,6 +29,9 @@ kernel_tests)  # every kernel's GPU test files whole (no -k selection), as a ker
   run mhla_tests 420 python3 -m pytest -q tests/test_mhla_triton.py
   run other_kernel_tests 170 python3 -m pytest -q tests/test_cpe_kernel.py tests/test_kernel_launch.py \
     tests/test_mhla_blocked.py tests/test_hla_triton.py
+  ;;
+dense_grad_cases)  # the dense backward's half-precision gradients at short sequences, launch variant by variant
+  run dense_grad_cases 240 python3 -m benchmarks.dense_grad_cases --dtypes bf16,fp16 --seeds 3
   ;;
 hla)  # the HLA text-encoder path: GPU tests, one layer stage by stage and per kernel, readout launch
       # settings, whole encoders eager and replayed as CUDA graphs (about 6 minutes)

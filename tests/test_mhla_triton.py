@@ -343,6 +343,14 @@ def test_short_sequences_walk_in_one_whole_step():
         assert launch.query.grid == (1, 1)
     long = op_tiles.dense_grad_tiles(settings, 96, torch.bfloat16, 4096)
     assert long == set_tiles and long["stages"] > 1  # long sequences keep the set tiles
+    # both switches off: the launch that was wrong on the H200 (benchmarks/dense_grad_cases.py runs it)
+    for tail, want in ((True, 32), (False, 0)):
+        with launch_settings("dense_grad", fit_short=False, tail=tail):
+            launch = op_launches._dense_grad_launch(launch_defaults.current_settings(), (1, 29, 1, 96),
+                                                    torch.bfloat16, ((29 * 96, 96, 96, 1),) * 4, 4, False, False,
+                                                    1e-6, 1.0, 1)
+        consts = launch.query.consts
+        assert (consts["BT"], consts["BS"], consts["num_stages"], consts["TAIL"]) == (128, 64, 3, want)
 
 
 @pytest.mark.parametrize("normalize", [True, False])

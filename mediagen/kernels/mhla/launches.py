@@ -248,10 +248,9 @@ def _dense_grad_launch(settings, shape, dtype, strides, M, per_head, normalize, 
     own = _contiguous(shape)  # dq, dk, dv
     al = _stride_unit_of(*strides, own)
     rows = tuple(s for st in (*strides, own) for s in _row_strides_of(st, al))
+    tail = dense_tail(N, tiles["BS"], tiles["BD"] + tiles["BD2"], ieee) if settings["dense_grad"].tail else 0
     consts = dict(**tiles, BM=max(16, _next_pow2(M)), FEATURE=fcode, NORMALIZE=normalize,
-                  DOT_F32=ieee or _interpreting(), IEEE=ieee, AL=al,
-                  TAIL=dense_tail(N, tiles["BS"], tiles["BD"] + tiles["BD2"], ieee),
-                  num_warps=warps, num_stages=stages)
+                  DOT_F32=ieee or _interpreting(), IEEE=ieee, AL=al, TAIL=tail, num_warps=warps, num_stages=stages)
     head = M * M if per_head else 0
     return _DenseGradLaunch(
         CachedLaunch((B * H, _cdiv(N, BT)), (*rows, N, H, D, M, head, scale),

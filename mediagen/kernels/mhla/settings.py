@@ -128,12 +128,16 @@ class DenseSplitSettings:
 class DenseGradSettings:
     """The dense backward (triton_dense_grad.py), both kernels: BT rows (queries for dq, keys for dk and dv) per
     program, BS of the others per step, warps, stages; fp32 inputs take at most 32 of each
-    (tiles.dense_grad_tiles)."""
+    (tiles.dense_grad_tiles). fit_short: a sequence shorter than a tile takes tiles fitted to it (one whole step,
+    one stage); tail: the last keys (rows) in a narrower step (tiles.dense_tail). Both off reproduce the launches
+    that gave wrong half-precision gradients on the H200 at 29 tokens (benchmarks/dense_grad_cases.py)."""
 
     BT: int
     BS: int
     warps: int
     stages: int
+    fit_short: bool = True
+    tail: bool = True
 
 
 @dataclass(frozen=True)

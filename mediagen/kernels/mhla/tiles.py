@@ -222,7 +222,7 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
         # 416-648 bytes (benchmarks/kernel_resources.py's compile, sm_90a)
         BT, BS, stages = min(BT, 16), min(BS, 16), min(stages, 2)
     warps = c.warps
-    if N is not None and N < max(BT, BS):
+    if c.fit_short and N is not None and N < max(BT, BS):
         short = max(16, _next_pow2(N))
         BT, BS = min(BT, short), min(BS, short)
         if BS >= N:
