@@ -185,12 +185,16 @@ def test_app_runtime_reaches_the_loop_and_bad_values_are_refused(tmp_path, monke
                       text_encoders={"FlashAttention": "minilm"})             # refused before it would load
     app = MediagenApp(models, Limits(max_side=32, max_frames=5, max_steps=4, max_batch=2), device="cpu",
                       output_dir=tmp_path / "out")
-    assert app.runtimes() == ["eager", "compile"]            # CUDA graphs are offered on a GPU only
-    modes = []
-    monkeypatch.setattr(runtime_module.torch, "compile", lambda module, mode: modes.append(mode) or module)
+    assert app.runtimes() == ["eager"]  # compile does not pay on a CPU; CUDA graphs need a GPU
     quiet = lambda *args, **kwargs: None                      # noqa: E731  (stands in for gr.Progress)
     request = ("class", 3, "", "", "sdpa", "FlashAttention", 1, 0, 2, 4.0, 8, 8)
+    with pytest.raises(gr.Error, match="runtime='compile' is not offered on this server"):
+        app.image(*request, "compile", progress=quiet)
 
+    # as a GPU server offers them (torch.compile stubbed): a compiled request reaches the sampling loop
+    monkeypatch.setattr(app, "runtimes", lambda: ["eager", "compile"])
+    modes = []
+    monkeypatch.setattr(runtime_module.torch, "compile", lambda module, mode: modes.append(mode) or module)
     _, _, timings = app.image(*request, "compile", progress=quiet)
     assert modes == ["default"] and timings["denoising_ms"] > 0
     assert app.estimate("image", "sdpa", 64, 1, 2, 4.0) is None   # a compiled run may include compiling
@@ -202,6 +206,6 @@ def test_app_runtime_reaches_the_loop_and_bad_values_are_refused(tmp_path, monke
     assert err.value.message == "runtime='fast' is not allowed: choose one of ['eager', 'compile', 'cuda-graphs']"
     with pytest.raises(gr.Error) as err:
         app.video("x", "", "sdpa", "FlashAttention", 3, 8, 8, 1, 0, 2, 4.0, "cuda-graphs", progress=quiet)
-    assert err.value.message == ("runtime='cuda-graphs' is not allowed on device cpu: CUDA graphs need a CUDA device; "
-                                 "use 'compile' or 'eager' there")
+    assert err.value.message == ("runtime='cuda-graphs' is not offered on this server (cpu): CUDA graphs need a CUDA "
+                                 "device; use one of ['eager', 'compile']")
     assert modes == ["default"]
