@@ -48,6 +48,7 @@ def _check_layers_match_reference(model, inputs, qkv_fn, grid, blocks, blocks_at
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:linear / MHLA layers of a Wan model")   # rope="none" on purpose
 def test_wan_mhla_layers_equal_reference_on_their_qkv():
     model = mediagen.convert(tiny_wan(), "mhla", blocks=[2, 2, 3], rope="none")   # the oracle has no rope
     with torch.no_grad():  # a non-uniform Mc, so a wrong block layout would show
@@ -89,6 +90,7 @@ def test_rope_features_match_dense_oracle():
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:linear / MHLA layers of a Wan model")   # rope="none" on purpose
 def test_grid_follows_batch_and_resolution():
     model = mediagen.convert(tiny_wan(num_layers=2), "mhla", blocks=[1, 2, 2], rope="none")   # as the oracle
     big = wan_inputs(batch=2, frames=3, height=8, width=12)
