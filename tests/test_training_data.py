@@ -135,3 +135,121 @@ def test_global_batches_do_not_depend_on_the_split():
     assert one == seen(2, 1) == seen(4, 1)
     assert {s: v for s, v in one.items() if s > 6} == seen(1, 2, start=6)  # resumed mid-run
     assert one[1] != one[2]
+
+
+def clips_per_direction(ds, per_direction: int, start: int = 0) -> list[int]:
+    """The first ``per_direction`` clips of each direction (one digit), in index order."""
+    seen, ids = {}, []
+    for i in range(start, start + 100 * per_direction):
+        name = ds.plan(i)[1][0]
+        if seen.get(name, 0) < per_direction:
+            seen[name] = seen.get(name, 0) + 1
+            ids.append(i)
+        if len(ids) == 4 * per_direction:
+            return ids
+    raise AssertionError(f"no {per_direction} clips per direction in {seen}")
+
+
+# (frames, canvas side): the shipped size, the long size (32 x 16 x 16 tokens of 8 x 8 pixels), the most frames a
+# 64 canvas allows at 1 px per frame (a step of exactly one pixel), and longer clips on the long canvas
+@pytest.mark.parametrize("frames, side", [(16, 64), (32, 128), (37, 64), (48, 128)])
+def test_moving_mnist_digits_move_a_pixel_every_frame_and_stay_inside(frames, side):
+    """Measured on the rendered clips: every frame holds the whole digit (its ink mass never drops, so no
+    part of it left the canvas), and its centre of mass moves at least one pixel on every frame along the
+    captioned axis, the captioned way, and not at all across it."""
+    from mediagen.training.data.moving_mnist import DIRECTIONS, digit_side
+
+    ds = MovingMNISTDataset(resolution=side, num_frames=frames, length=10 ** 6, seed=5)
+    ids = clips_per_direction(ds, 3)
+    clips, _, directions = ds.render(ids)
+    clips = clips.numpy().astype(np.float64)
+    assert clips.shape == (12, frames, side, side)
+    rows, cols = np.mgrid[0:side, 0:side]
+    images = ds.digit_images(digit_side(side))
+    for clip, i, (name,) in zip(clips, ids, directions):
+        mass = clip.sum(axis=(1, 2))
+        assert np.allclose(mass, images[ds.plan(i)[0][0]].sum(), rtol=1e-5), (i, name)
+        centre = np.stack([(clip * rows).sum(axis=(1, 2)) / mass, (clip * cols).sum(axis=(1, 2)) / mass], 1)
+        dy, dx = np.diff(centre, axis=0).T
+        want_y, want_x = DIRECTIONS[name]
+        along, across = (dx * want_x, dy) if want_x else (dy * want_y, dx)
+        assert along.min() >= 1.0 - 1e-6, (i, name, along.min())
+        assert np.abs(across).max() <= 1e-6, (i, name)
+        edge = np.concatenate([clip[:, 0], clip[:, -1], clip[:, :, 0], clip[:, :, -1]], axis=1)
+        assert mass.min() > 0 and edge.max() <= images.max()
+
+
+def test_moving_mnist_rounds_half_up_so_a_one_pixel_step_moves_every_frame():
+    """A digit starting on a half pixel at one pixel per frame: half-to-even rounding would put it at
+    10, 12, 12, 14, 14 (still on every other frame); rounding half up moves it one pixel a frame."""
+    class HalfPixel(MovingMNISTDataset):
+        def plan(self, i):
+            ks, names, ys, xs = super().plan(i)
+            return ks, ["right"], [5.0], [9.5]
+
+    ds = HalfPixel(resolution=64, num_frames=16, speed=1.0, length=10, seed=0)
+    assert ds.step == 1.0
+    clip = ds.clip(0)[0]
+    cols = np.arange(64)
+    centre = (clip.sum(axis=1) * cols).sum(axis=1) / clip.sum(axis=(1, 2))
+    assert np.allclose(np.diff(centre), 1.0, atol=1e-4)
+
+
+def test_moving_mnist_refuses_sizes_and_speeds_too_slow_to_show_the_motion():
+    with pytest.raises(ValueError, match=r"data.num_frames=48 with data.resolution=64 is not allowed: a 28-px digit "
+                                         r"has 36 px to cross in 47 steps, 0.77 px per frame.*at most 37 frames"):
+        MovingMNISTDataset(resolution=64, num_frames=48, length=4)
+    with pytest.raises(ValueError, match=r"data.speed=0.5 is not allowed: use 1 or more"):
+        MovingMNISTDataset(resolution=128, num_frames=32, speed=0.5, length=4)
+    MovingMNISTDataset(resolution=64, num_frames=48, static_fraction=1.0, length=4)   # still clips: no motion asked
+    MovingMNISTDataset(resolution=64, num_frames=1, speed=0.5, length=4)              # one frame: nothing moves
+    with pytest.raises(ValueError, match=r"data.resolution_buckets entry \[64, 32\] is not allowed for "
+                                         r"moving-mnist: use \[side, side\]"):
+        MovingMNISTDataset(resolution_buckets=[[64, 32]], length=4)
+    with pytest.raises(ValueError, match=r"data.frame_buckets=\[16, 32, 8\] and data.resolution_buckets="
+                                         r"\[\[64, 64\], \[128, 128\]\] are not allowed together"):
+        MovingMNISTDataset(frame_buckets=[16, 32, 8], resolution_buckets=[[64, 64], [128, 128]], length=4)
+    with pytest.raises(ValueError, match=r"data.frame_buckets=\[16, 48\] .*: use at most 37 frames|"
+                                         r"data.num_frames=48 with data.resolution=64 is not allowed"):
+        MovingMNISTDataset(frame_buckets=[16, 48], resolution=64, length=4)
+
+
+def test_moving_mnist_mixed_sizes_share_no_batch():
+    ds = MovingMNISTDataset(frame_buckets=[16, 32], resolution_buckets=[[64, 64], [128, 128]], length=64, seed=1)
+    assert ds.sizes == [(16, 64), (32, 128)] and ds.steps == [2.0, 2.0]
+    assert ds.bucket_ids()[:4] == [0, 1, 0, 1]
+    assert tuple(ds[0]["pixels"].shape) == (1, 16, 64, 64) and tuple(ds[1]["pixels"].shape) == (1, 32, 128, 128)
+    plan = StepBatches(ds.bucket_ids(), global_batch=4, seed=0)
+    shapes = set()
+    for step in range(1, 9):
+        batch = ds.render_batch(plan.global_indices(step).tolist(), "cpu")
+        shapes.add(tuple(batch["pixels"].shape))
+    assert shapes == {(4, 1, 16, 64, 64), (4, 1, 32, 128, 128)}
+    with pytest.raises(ValueError, match=r"clips \[0, 1\] have different sizes \(16 frames of 64x64, 32 frames of "
+                                         r"128x128\): a batch holds clips of one size"):
+        ds.render([0, 1])
+    # a size listed twice gets twice the clips; the clips of a size are those of a dataset of that size alone
+    weighted = MovingMNISTDataset(frame_buckets=[16, 32, 32], resolution_buckets=[[64, 64], [128, 128], [128, 128]],
+                                  length=300, seed=1)
+    assert np.bincount([weighted.sizes[b][0] == 32 for b in weighted.bucket_ids()]).tolist() == [100, 200]
+    alone = MovingMNISTDataset(resolution=128, num_frames=32, length=300, seed=1)
+    assert np.array_equal(weighted.clip(4)[0], alone.clip(4)[0])
+
+
+def test_mixed_size_moving_mnist_trains_through_the_config(tmp_path):
+    """data.frame_buckets / data.resolution_buckets reach the generator; each step trains on one size, on the
+    device path and through the loader."""
+    from tests.training_helpers import TINY_WAN, tiny_config
+
+    from mediagen.training.data import build_dataset
+    from mediagen.training.trainer import train
+
+    sizes = ["data.frame_buckets=[4,8]", "data.resolution_buckets=[[16,16],[32,32]]", "train.max_steps=4",
+             "checkpoint.every=100", "checkpoint.save_pipeline=false"]
+    cfg = tiny_config(tmp_path / "a", TINY_WAN, *sizes)
+    assert build_dataset(cfg.data, cfg.task).sizes == [(4, 16), (8, 32)]
+    for on_device in ("true", "false"):
+        cfg = tiny_config(tmp_path / on_device, TINY_WAN, *sizes, f"data.on_device={on_device}")
+        result = train(cfg)
+        assert result["finished"] and len(result["losses"]) == 4
+        assert all(np.isfinite(v) for v in result["losses"].values())

@@ -25,7 +25,8 @@ def build_dataset(data, task: str, seed: int = 0):
     if data.dataset == "moving-mnist":
         return MovingMNISTDataset(resolution=data.resolution, num_frames=data.num_frames, num_digits=data.num_digits,
                                   speed=data.speed, length=data.length, channels=data.channels, split=data.split,
-                                  seed=seed, static_fraction=data.static_fraction)
+                                  seed=seed, static_fraction=data.static_fraction,
+                                  frame_buckets=data.frame_buckets, resolution_buckets=data.resolution_buckets)
     if data.dataset == "image-folder":
         return ImageFolderDataset(data.path, resolution=data.resolution, channels=data.channels,
                                   resolution_buckets=data.resolution_buckets)

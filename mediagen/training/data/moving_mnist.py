@@ -28,47 +28,124 @@ def clip_caption(digits, directions) -> str:
     return " while ".join(f"the digit {d} moves {m}" for d, m in zip(digits, directions))
 
 
+MIN_STEP = 1.0  # pixels per frame: a moving digit moves at least this far on every frame
+
+
+def clip_sizes(num_frames: int, resolution: int, frame_buckets=(), resolution_buckets=()) -> list[tuple[int, int]]:
+    """The clip sizes (frames, canvas side) of a dataset, from the ``data`` section's keys.
+
+    Without buckets: one size, ``num_frames`` frames of ``resolution`` x ``resolution``. With buckets the
+    lists pair up: size j is ``frame_buckets[j]`` frames of ``resolution_buckets[j]`` (a square [side,
+    side]); a list of one entry goes with every entry of the other. Each size gets an equal share of
+    the clips (``bucket_ids``), so a size listed twice gets twice the share."""
+    frames = [int(f) for f in frame_buckets] or [int(num_frames)]
+    sides = []
+    for hw in resolution_buckets:
+        hw = [int(v) for v in hw]
+        if len(hw) != 2 or hw[0] != hw[1]:
+            raise ValueError(f"data.resolution_buckets entry {hw} is not allowed for moving-mnist: use [side, side] "
+                             "(the canvas is square)")
+        sides.append(hw[0])
+    sides = sides or [int(resolution)]
+    if len(frames) > 1 and len(sides) > 1 and len(frames) != len(sides):
+        raise ValueError(f"data.frame_buckets={frames} and data.resolution_buckets={[[s, s] for s in sides]} are not "
+                         "allowed together: for moving-mnist they pair up (size j is frame_buckets[j] frames of "
+                         "resolution_buckets[j]), so give as many entries in each, or one in either")
+    n = max(len(frames), len(sides))
+    frames, sides = (frames * n if len(frames) == 1 else frames), (sides * n if len(sides) == 1 else sides)
+    for f, s in zip(frames, sides):
+        if f < 1:
+            raise ValueError(f"data.num_frames (or a data.frame_buckets entry) = {f} is not allowed: use 1 or more")
+        if s < 10:
+            raise ValueError(f"data.resolution (or a data.resolution_buckets side) = {s} is too small for "
+                             "Moving-MNIST: use 10 or more")
+    return list(zip(frames, sides))
+
+
+def digit_side(resolution: int) -> int:
+    """The side of a digit on a canvas of ``resolution``: min(28, 7/16 of it), 28 from 64 up."""
+    return min(28, resolution * 7 // 16)
+
+
 class MovingMNISTDataset(Dataset):
     """``length`` clips of (C, F, R, R) in [-1, 1] with a caption each.
 
-    The digit side is min(28, 7R/16) (28 on a 64 canvas); speed is capped so a digit crossing the
-    whole clip stays inside the canvas. Digits overlap by taking the brighter pixel. A fraction
-    ``static_fraction`` of the clips stand still, captioned without a direction ("the digit 3"): a model
-    trained on them draws a still digit for a caption that names no motion (prompt-mode images).
+    The digit side is min(28, 7R/16) (28 on a 64 canvas). A moving digit moves ``speed`` pixels per frame,
+    capped so that its path over the whole clip stays inside the canvas, and never less than 1 pixel per
+    frame: a size or speed that would make it slower is refused, since a digit that barely moves (or
+    stands still on some frames) does not show the motion its caption names. Positions are rounded half
+    up, so a step of at least one pixel moves the digit on every frame. Digits overlap by taking the
+    brighter pixel. A fraction ``static_fraction`` of the clips stand still, captioned without a direction
+    ("the digit 3"): a model trained on them draws a still digit for a caption that names no motion
+    (prompt-mode images).
+
+    ``frame_buckets`` / ``resolution_buckets`` (``clip_sizes``) give several clip sizes; clip ``i`` has
+    size ``i % len(sizes)`` and ``bucket_ids`` tells the trainer's sampler to batch clips of one size
+    together. ``resolution``, ``num_frames``, ``digit``, ``digits`` and ``step`` are those of the first size.
     """
 
     def __init__(self, *, resolution: int = 64, num_frames: int = 16, num_digits: int = 1, speed: float = 2.0,
                  length: int = 100000, channels: int = 1, split: str = "train", seed: int = 0,
-                 static_fraction: float = 0.0):
+                 static_fraction: float = 0.0, frame_buckets=(), resolution_buckets=()):
         if num_digits < 1:
             raise ValueError(f"data.num_digits={num_digits} is not allowed: use 1 or more")
         if not 0.0 <= static_fraction <= 1.0:
             raise ValueError(f"data.static_fraction={static_fraction} is not allowed: use a number in [0, 1]")
+        self.sizes = clip_sizes(num_frames, resolution, frame_buckets, resolution_buckets)
+        moving = static_fraction < 1.0
+        if moving and any(f > 1 for f, _ in self.sizes) and not speed >= MIN_STEP:
+            raise ValueError(f"data.speed={speed} is not allowed: use {MIN_STEP:g} or more (pixels per frame; a "
+                             "moving digit must move on every frame for its caption to stay true)")
         self.static_fraction = static_fraction
         images, labels = load_mnist10k(split)
-        self.digit = min(28, resolution * 7 // 16)
-        if self.digit < 4:
-            raise ValueError(f"data.resolution={resolution} is too small for Moving-MNIST: use 10 or more")
-        x = torch.from_numpy(images.astype(np.float32) / 255.0)[:, None]
-        self.digits = F.interpolate(x, size=(self.digit, self.digit), mode="bilinear", antialias=True,
-                                    align_corners=False)[:, 0].numpy()
         self.labels = labels
-        self.resolution, self.num_frames, self.num_digits = resolution, num_frames, num_digits
+        self._images = torch.from_numpy(images.astype(np.float32) / 255.0)[:, None]
+        self._digits_by_side: dict[int, np.ndarray] = {}
+        self.steps = []
+        for f, r in self.sizes:
+            free = r - digit_side(r)
+            step = min(speed, free / max(f - 1, 1))  # pixels per frame
+            if moving and f > 1 and step < MIN_STEP:
+                raise ValueError(f"data.num_frames={f} with data.resolution={r} is not allowed: a {digit_side(r)}-px "
+                                 f"digit has {free} px to cross in {f - 1} steps, {step:.2f} px per frame, and a "
+                                 f"moving digit needs at least {MIN_STEP:g}: use at most {int(free // MIN_STEP) + 1} "
+                                 f"frames at this resolution, or a larger canvas")
+            self.steps.append(step)
+        self.num_frames, self.resolution = self.sizes[0]
+        self.digit, self.step = digit_side(self.resolution), self.steps[0]
+        self.digits = self.digit_images(self.digit)
+        self.num_digits = num_digits
         self.speed, self.length, self.channels, self.seed = speed, length, channels, seed
-        self.step = min(speed, (resolution - self.digit) / max(num_frames - 1, 1))  # pixels per frame
-        self._device_digits: dict[str, torch.Tensor] = {}
+        self._device_digits: dict[tuple[str, int], torch.Tensor] = {}
 
     def __len__(self) -> int:
         return self.length
 
+    def digit_images(self, side: int) -> np.ndarray:
+        """The split's digits resized to ``side`` x ``side`` (float32 in [0, 1]), made once per side."""
+        if side not in self._digits_by_side:
+            self._digits_by_side[side] = F.interpolate(self._images, size=(side, side), mode="bilinear",
+                                                       antialias=True, align_corners=False)[:, 0].numpy()
+        return self._digits_by_side[side]
+
+    def size_index(self, i: int) -> int:
+        """Which of ``self.sizes`` clip ``i`` has."""
+        return int(i) % len(self.sizes)
+
+    def bucket_ids(self) -> list[int]:
+        """The size of every clip: the trainer's sampler puts only clips of one size in a batch."""
+        return (np.arange(self.length) % len(self.sizes)).tolist()
+
     def plan(self, i: int):
-        """What clip ``i`` shows, drawn from its own generator: (images (nd,) into ``self.digits``,
-        directions (nd,), start rows (nd,), start columns (nd,)), with the speed ``self.step``."""
+        """What clip ``i`` shows, drawn from its own generator: (images (nd,) into ``digit_images``,
+        directions (nd,), start rows (nd,), start columns (nd,)), with the speed of its size's ``steps``."""
         rng = np.random.default_rng([self.seed, i])
         # drawn from a generator of its own, so that with static_fraction=0 every clip is unchanged
         still = self.static_fraction > 0 and np.random.default_rng([self.seed, i, 1]).random() < self.static_fraction
-        free = self.resolution - self.digit
-        travel = self.step * (self.num_frames - 1)
+        s = self.size_index(i)
+        (num_frames, resolution), step = self.sizes[s], self.steps[s]
+        free = resolution - digit_side(resolution)
+        travel = step * (num_frames - 1)
         ks, names, ys, xs = [], [], [], []
         for _ in range(self.num_digits):
             k = int(rng.integers(len(self.labels)))
@@ -88,19 +165,30 @@ class MovingMNISTDataset(Dataset):
     def render(self, indices, device="cpu") -> tuple[torch.Tensor, list[list[int]], list[list[str]]]:
         """Clips ``indices`` drawn on ``device`` in one pass: (frames float32 (B, F, R, R) in [0, 1],
         digits, directions). The plans are drawn on the CPU (a few draws per clip); the pixels are a
-        gather from the digit images, so a GPU renders a training batch in well under a millisecond."""
+        gather from the digit images, so a GPU renders a training batch in well under a millisecond.
+        The clips must share one size (``bucket_ids``)."""
         device = torch.device(device)
-        plans = [self.plan(int(i)) for i in indices]
-        B, nd, T, R, D = len(plans), self.num_digits, self.num_frames, self.resolution, self.digit
-        t = np.arange(T, dtype=np.float64) * self.step
-        k = np.array([p[0] for p in plans], np.int64)                                   # (B, nd)
-        vel = np.array([[MOTIONS[m] for m in p[1]] for p in plans], np.float64)         # (B, nd, 2)
-        y0 = np.array([p[2] for p in plans], np.float64)
-        x0 = np.array([p[3] for p in plans], np.float64)
-        # positions rounded half to even on the float64 path, the same numbers on every device
-        ys = np.rint(y0[..., None] + vel[..., 0:1] * t).astype(np.int64)               # (B, nd, T)
-        xs = np.rint(x0[..., None] + vel[..., 1:2] * t).astype(np.int64)
-        digits = self._digits_on(device)
+        indices = [int(i) for i in indices]
+        which = {self.size_index(i) for i in indices}
+        if len(which) > 1:
+            shown = sorted(f"{self.sizes[s][0]} frames of {self.sizes[s][1]}x{self.sizes[s][1]}" for s in which)
+            raise ValueError(f"clips {indices[:8]} have different sizes ({', '.join(shown)}): a batch holds clips of "
+                             "one size (bucket_ids)")
+        s = which.pop() if which else 0
+        (T, R), step = self.sizes[s], self.steps[s]
+        plans = [self.plan(i) for i in indices]
+        B, nd, D = len(plans), self.num_digits, digit_side(R)
+        t = np.arange(T, dtype=np.float64) * step
+        k = np.array([p[0] for p in plans], np.int64).reshape(B, nd)                    # (B, nd)
+        vel = np.array([[MOTIONS[m] for m in p[1]] for p in plans], np.float64).reshape(B, nd, 2)
+        y0 = np.array([p[2] for p in plans], np.float64).reshape(B, nd)
+        x0 = np.array([p[3] for p in plans], np.float64).reshape(B, nd)
+        # positions rounded half up on the float64 path (the same numbers on every device): rounding is
+        # then monotone with round(x + 1) = round(x) + 1, so a step of at least one pixel moves the digit
+        # on every frame (half-to-even rounding would give 2.5 -> 2 after 1.5 -> 2)
+        ys = np.floor(y0[..., None] + vel[..., 0:1] * t + 0.5).astype(np.int64)         # (B, nd, T)
+        xs = np.floor(x0[..., None] + vel[..., 1:2] * t + 0.5).astype(np.int64)
+        digits = self._digits_on(device, D)
         span = torch.arange(R, device=device)
         frames = torch.zeros(B, T, R, R, device=device)
         b = torch.arange(B, device=device)[:, None, None, None]
@@ -114,10 +202,11 @@ class MovingMNISTDataset(Dataset):
         labels = [[int(self.labels[kk]) for kk in p[0]] for p in plans]
         return frames, labels, [p[1] for p in plans]
 
-    def _digits_on(self, device) -> torch.Tensor:
-        key = str(device)
+    def _digits_on(self, device, side: int | None = None) -> torch.Tensor:
+        side = self.digit if side is None else side
+        key = (str(device), side)
         if key not in self._device_digits:
-            self._device_digits[key] = torch.from_numpy(self.digits).to(device)
+            self._device_digits[key] = torch.from_numpy(self.digit_images(side)).to(device)
         return self._device_digits[key]
 
     def clip(self, i: int):
