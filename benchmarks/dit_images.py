@@ -9,7 +9,7 @@ Uses diffusers' stock ``DiTTransformer2DModel`` (random weights) converted by ``
     python -m benchmarks.dit_images --train --presets dit-xl-2-256 --batch 64   # training steps
     python -m benchmarks.dit_images --tiny          # CPU smoke run of the whole script (with --train too)
 
-(run from the repository root, as a module: it imports benchmarks.model_timing)
+(from the repository root; also ``python -m benchmarks dit_images``)
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import torch.nn.functional as F
 import mediagen
 from diffusers.models.attention_processor import AttnProcessor2_0
 from mediagen.attention.mhla import clip_mixes_
-from benchmarks.model_timing import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,
+from benchmarks.common import (ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler,
                                      reset_self_attention)
 from mediagen.eval.timing import measure
 from mediagen.models.presets import build_transformer
 
-VARIANTS = ("sdpa", "mhla", "linear", "projections-only")  # projections-only: model_timing.ProjectionsOnly
+VARIANTS = ("sdpa", "mhla", "linear", "projections-only")  # projections-only: common.ProjectionsOnly
 
 
 def main(argv=None):
@@ -73,7 +73,7 @@ def main(argv=None):
         for mode in modes:
             for variant in variants:
                 # every layer from scratch: convert keeps layers it recorded as the attention asked, and records
-                # the hand-set ProjectionsOnly as sdpa (model_timing.reset_self_attention)
+                # the hand-set ProjectionsOnly as sdpa (common.reset_self_attention)
                 reset_self_attention(model, [block.attn1 for block in model.transformer_blocks], AttnProcessor2_0)
                 if variant == "projections-only":
                     mediagen.convert(model, "sdpa", reinit=True)

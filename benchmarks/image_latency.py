@@ -1,12 +1,11 @@
 """Sampling latency of the shipped class-to-image models (the app's Image tab), side by side.
 
-    python -m benchmarks.image_latency                          # CPU fp32 (the app without a GPU)
-    python -m benchmarks.image_latency --device cuda --dtype bf16 --batches 1 4 64 [--runtime compile]
+    python -m benchmarks image_latency                          # CPU fp32 (the app without a GPU)
+    python -m benchmarks image_latency --device cuda --dtype bf16 --batches 1 4 64 [--runtime compile]
 
 Each round times every model once per batch size, the models' order reversed every other round so that
 drift in the machine's speed (a shared or throttled CPU) falls on all of them alike; the first round is a
 warm-up. Prints one markdown row per model: the median and range of the timed rounds, in ms.
-(from the repository root, as a module)
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import markdown_table
 from mediagen.eval.timing import measure
 from mediagen.host_memory import keep_freed_memory
 from mediagen.pipelines import build_pipeline
@@ -71,11 +71,9 @@ def main(argv=None) -> int:
                     times[name, b].append(ms)
     print(f"device {device} ({torch.get_num_threads()} threads), {args.dtype}, {args.runtime}, {args.steps} steps, torch "
           f"{torch.__version__}, median (min-max) of {args.rounds} rounds, ms")
-    print("| model | " + " | ".join(f"batch {b}" for b in args.batches) + " |")
-    print("|---|" + "---|" * len(args.batches))
-    for name in pipes:
-        cells = [times[name, b] for b in args.batches]
-        print(f"| {name} | " + " | ".join(f"{statistics.median(c):.0f} ({min(c):.0f}-{max(c):.0f})" for c in cells) + " |")
+    print(markdown_table(["model", *(f"batch {b}" for b in args.batches)],
+                         [[name, *(f"{statistics.median(c):.0f} ({min(c):.0f}-{max(c):.0f})"
+                                   for c in (times[name, b] for b in args.batches))] for name in pipes]))
     return 0
 
 

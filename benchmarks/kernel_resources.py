@@ -1,12 +1,10 @@
 """Registers, spills and shared memory of each MHLA Triton kernel at its shipped launch settings,
 compiled for Hopper (sm_90a) on any machine: no GPU needed, Triton's own ptxas reports them.
 
-    python -m benchmarks.kernel_resources [--head-dim 128] [--kernels summary,query_grad]
-    python -m benchmarks.kernel_resources --head-dim 256 --dense-variants   # every dense-kernel tiling
-    python -m benchmarks.kernel_resources --head-dim 256 --fp32-rope        # the largest chunked tiles
-    python -m benchmarks.kernel_resources --head-dim 72 --fp32              # fp32 inputs (exact fp32 dots)
-
-(from the repository root, as a module)
+    python -m benchmarks kernel_resources [--head-dim 128] [--kernels summary,query_grad]
+    python -m benchmarks kernel_resources --head-dim 256 --dense-variants   # every dense-kernel tiling
+    python -m benchmarks kernel_resources --head-dim 256 --fp32-rope        # the largest chunked tiles
+    python -m benchmarks kernel_resources --head-dim 72 --fp32              # fp32 inputs (exact fp32 dots)
 
 The last column counts global loads and stores that move one 2-byte element per instruction (from the
 PTX): a tile row that the compiler cannot prove 16-byte aligned is moved that way. Token tensors are laid
@@ -31,6 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from benchmarks.common import markdown_table
 from mediagen.kernels.mhla import launches as op_launches, tiles as op_tiles
 from mediagen.kernels.mhla.settings import current_settings
 from mediagen.kernels.mhla.triton_chunked import (apply_kernel, key_grad_kernel, query_grad_kernel,
@@ -210,22 +209,20 @@ def main():
         ap.error(f"--kernels names unknown kernels {unknown}: choose from {', '.join(KERNELS)}")
     if args.dense_variants:
         print(f"triton {triton.__version__}, sm_90a, dense kernel, head dim {args.head_dim}\n")
-        print("| inputs | rope | normalize | registers | spilled bytes | shared KiB | CTAs per SM |")
-        print("|---|---|---|---|---|---|---|")
-        for (element, rope, normalize), r in dense_variants(args.head_dim).items():
-            print(f"| {element} | {rope} | {normalize} | {r['registers']} | {r['spill_bytes']} | "
-                  f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} |")
+        rows = [[*variant, r["registers"], r["spill_bytes"], f"{r['shared_bytes'] / 1024:.1f}", r["ctas_per_sm"]]
+                for variant, r in dense_variants(args.head_dim).items()]
+        print(markdown_table(["inputs", "rope", "normalize", "registers", "spilled bytes", "shared KiB", "CTAs per SM"],
+                             rows))
         return
     if args.fp32 and args.fp32_rope:
         ap.error("--fp32 and --fp32-rope: give one (--fp32 is fp32 inputs without RoPE)")
     fp32 = args.fp32 or args.fp32_rope
     inputs = "fp32 inputs with RoPE" if args.fp32_rope else "fp32 inputs" if args.fp32 else "bf16 inputs"
     print(f"triton {triton.__version__}, sm_90a, head dim {args.head_dim}, {inputs}\n")
-    print("| kernel | warps | stages | registers | spilled bytes | shared KiB | CTAs per SM | 2-byte global accesses |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in reports(args.head_dim, only, fp32, rope=args.fp32_rope).items():
-        print(f"| {name} | {r['warps']} | {r['stages']} | {r['registers']} | {r['spill_bytes']} | "
-              f"{r['shared_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['narrow']} |")
+    rows = [[name, r["warps"], r["stages"], r["registers"], r["spill_bytes"], f"{r['shared_bytes'] / 1024:.1f}",
+             r["ctas_per_sm"], r["narrow"]] for name, r in reports(args.head_dim, only, fp32, rope=args.fp32_rope).items()]
+    print(markdown_table(["kernel", "warps", "stages", "registers", "spilled bytes", "shared KiB", "CTAs per SM",
+                          "2-byte global accesses"], rows))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Where one HLA layer's time goes, stage by stage, beside causal SDPA of the same shape.
 
-    python -m benchmarks.profile_hla [--tokens 32768] [--top-k 8] [--route chunk]
-    python -m benchmarks.profile_hla --tiny          # CPU smoke run
+    python -m benchmarks profile_hla [--tokens 32768] [--top-k 8] [--route chunk] [--kernels]
+    python -m benchmarks profile_hla --tiny          # CPU smoke run
 
 Each stage function the layer calls (gate routing, chunk summaries, the walk over past chunks, ...)
 is wrapped for the run with a timer that synchronises the device before and after it, so the
 stages add up to about the layer's time (synchronising costs a little overlap). The layer's code
-path is the real one: ``HLAttention.forward`` runs unchanged.
+path is the real one: ``HLAttention.forward`` runs unchanged. ``--kernels``: torch.profiler's GPU time per kernel.
 """
 
 import argparse
 import contextlib
+import statistics
 import time
 from collections import defaultdict
 
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 import mediagen.text.attention.hla as hla_module
 import mediagen.text.kernels.hla.chunk as chunk_module
 import mediagen.text.kernels.hla.readout as readout_module
+from benchmarks.common import markdown_table
+from mediagen.eval.timing import measure
 
 # (module, function name): the stages of HLAttention.forward, as it calls them
 STAGES = [(hla_module, "pad_to_chunks"), (hla_module, "bucket_representatives"), (hla_module, "chunk_gates"),
@@ -57,19 +60,6 @@ def stage_timers(device, totals):
             setattr(module, name, fn)
 
 
-def median_ms(fn, device, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny layer on the CPU in fp32")
@@ -102,29 +92,21 @@ def main(argv=None):
                                                is_causal=True)
             layer.out_proj(o.transpose(1, 2).flatten(-2))
 
-    total = median_ms(hla, device, 1, args.iters)
-    base = median_ms(sdpa, device, 1, args.iters)
+    total = measure(hla, device, warmup=1, repeats=args.iters).median_ms
+    base = measure(sdpa, device, warmup=1, repeats=args.iters).median_ms
     totals = defaultdict(float)
     with stage_timers(device, totals):
         hla()  # warm-up with the timers in place
         totals.clear()
-        staged = 0.0
-        for _ in range(args.iters):  # stages and their sum from the same calls
-            sync(device)
-            t0 = time.perf_counter()
-            hla()
-            sync(device)
-            staged += (time.perf_counter() - t0) * 1e3
-    staged /= args.iters
+        staged = statistics.mean(measure(hla, device, warmup=0, repeats=args.iters).times_ms)  # the stages' calls
     print(f"{device} {dtype} · batch {args.batch} · {n} tokens · {heads}x{hidden // heads} · chunk {chunk} · top_k {args.top_k} "
           f"· route {args.route} · readout {args.readout}")
     print(f"HLA layer {total:.3f} ms · causal SDPA layer {base:.3f} ms · ratio {total / base:.2f} "
           f"(medians of {args.iters}); with stage timers {staged:.3f} ms (mean)")
-    print("| stage | ms (mean, with timers) |\n|---|---|")
-    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
-        print(f"| {name} | {ms / args.iters:.3f} |")
+    rows = [[name, f"{ms / args.iters:.3f}"] for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])]
     rest = staged - sum(totals.values()) / args.iters
-    print(f"| rest (projections, gates' einsum, norms, out_proj) | {rest:.3f} |")
+    rows.append(["rest (projections, gates' einsum, norms, out_proj)", f"{rest:.3f}"])
+    print(markdown_table(["stage", "ms (mean, with timers)"], rows))
     if args.kernels and device.type == "cuda":
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(args.iters):

@@ -1,16 +1,19 @@
 """Text-encoder benchmarks: encoding latency per attention, decode latency per token with a cache
-(MLRA vs MHA), HLA chunk skipping's effect, and (optionally) distilled encoders' quality.
+(MLRA vs MHA), and how far HLA chunk skipping moves the output. Distilled encoders' quality:
+benchmarks/distill_text_encoders.py.
 
-Prints markdown tables (and appends them to --out). Run from the repository root as a module. On a GPU:
-    python -m benchmarks.text_encoders --out benchmarks/RESULTS.md --distill-steps 1000
+Prints markdown tables (and appends them to --out). On a GPU:
+    python -m benchmarks text_encoders --out benchmarks/RESULTS.md
 Prompt lengths, each attention's short path against its long path (the ``-long`` variants) and SDPA:
-    python -m benchmarks.text_encoders --only encode --lengths 77 512 4096 --batches 1 16 --iters 20 \
+    python -m benchmarks text_encoders --only encode --lengths 77 512 4096 --batches 1 16 --iters 20 \
         --attentions sdpa mlra2 mlra2-long mlra4 mlra4-long hla hla-long --graph
+The HLA encoders under other launch settings of the fused readout (the kernel's defaults: ReadoutSettings in
+mediagen/text/kernels/hla/triton_readout.py), one row per combination:
+    python -m benchmarks text_encoders --only encode --attentions hla-top8c --lengths 32768 --batches 16 \
+        --readout BT64=64,128,256 warps=4,8 stages=2,3
 On a CPU, end to end in about a minute with tiny shapes:
-    python -m benchmarks.text_encoders --tiny
-Only some tables, e.g. MLRA decode against MHA at 4K-128K context:
-    python -m benchmarks.text_encoders --only decode --out benchmarks/RESULTS.md
-Times are medians of mediagen.eval.timing.measure (CUDA events on a GPU; the graph columns replay CUDA graphs).
+    python -m benchmarks text_encoders --tiny
+Times are medians of mediagen.eval.timing.measure (CUDA events on a GPU; the graph rows replay CUDA graphs).
 
 Work to expect: HLA's walk over all earlier chunks is about (N/C)^2/2 chunk pairs, each two
 (C x d) @ (d x d) GEMMs per head; at 32K tokens with C = 256 that is 8,128 pairs, roughly half the
@@ -23,15 +26,16 @@ routed query first and scores tokens only against the 8 kept chunks (beyond the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
-from pathlib import Path
 
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.common import label, markdown_table, settings_grid  # noqa: E402
 from mediagen.eval.timing import measure  # noqa: E402
 from mediagen.text.attention import MLRAttention, MultiHeadSelfAttention  # noqa: E402
 from mediagen.text.encoders import MediagenTextEncoder  # noqa: E402
@@ -63,12 +67,7 @@ TINY_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=6
 # decode shapes: (name, hidden, heads); MLRA defaults d_c = 4 d_h, d_r = d_h / 2
 DECODE_SHAPES = {"minilm 12x32": (384, 12), "lm 16x128": (2048, 16)}
 TINY_DECODE = {"tiny 4x8": (32, 4)}
-TABLES = ("encode", "decode", "skipping")                            # latency tables, for --only
-
-
-def timed(fn, device, warmup: int, iters: int) -> float:
-    """Median milliseconds of fn() over ``iters`` runs after ``warmup`` runs."""
-    return measure(fn, device, warmup=warmup, repeats=iters).median_ms
+TABLES = ("encode", "decode", "skipping")                            # for --only
 
 
 def run_or_oom(fn):
@@ -81,6 +80,12 @@ def run_or_oom(fn):
 
 def fmt(ms):
     return "OOM" if ms is None else (f"{ms:.3f}" if ms < 10 else f"{ms:.1f}")
+
+
+def row(rows, cells):
+    """Add a table row and print it at once: a time-boxed run keeps what it measured."""
+    rows.append(cells)
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
 class NoAttention(torch.nn.Module):
@@ -104,39 +109,48 @@ def make_encoder(name, shape, device, dtype):
     return model.to(device=device, dtype=dtype).eval()
 
 
+def readout_settings(name, grid):
+    """(row label, context) per readout setting of ``grid`` for an HLA variant; one plain run for the others."""
+    if not grid or VARIANTS[name]["attention"] != "hla":
+        return [("", contextlib.nullcontext)]
+    from mediagen.text.kernels.hla.triton_readout import use_readout_settings
+
+    return [(f" ({label(fields)})", lambda fields=fields: use_readout_settings(**fields)) for fields in grid]
+
+
 def encoding_table(args, device, dtype, shape):
     """Eager rows; with --graph also CUDA-graph replays (kernels only), with --compile also
     torch.compile'd rows (default mode; the compile itself is not timed)."""
-    lines = ["| attention | batch | " + " | ".join(f"{n} tok (ms)" for n in args.lengths) + " |",
-             "|---|---|" + "---|" * len(args.lengths)]
+    rows = []
     for name in args.attentions:
         torch.manual_seed(0)
         model = make_encoder(name, shape, device, dtype)
         runs = {"": model}
         if args.compile:
             runs[" (compiled)"] = torch.compile(model)
-        for batch in args.batches:
-            for label, fn_model in runs.items():
-                row, graph_row = [], []
-                for n in args.lengths:
-                    ids = torch.randint(1000, 2000, (batch, n), device=device)
+        for setting, context in readout_settings(name, args.readout):
+            for batch in args.batches:
+                for mode, fn_model in runs.items():
+                    cells, graph_cells = [], []
+                    with context():
+                        for n in args.lengths:
+                            ids = torch.randint(1000, 2000, (batch, n), device=device)
 
-                    def fwd():
-                        with torch.no_grad():
-                            fn_model(ids)
-                    row.append(fmt(run_or_oom(lambda: timed(fwd, device, args.warmup, args.iters))))
-                    if args.graph and device.type == "cuda" and not label:  # replayed: no host time
-                        g = run_or_oom(lambda: graph_timed(fwd, device, args.iters))
-                        graph_row.append("n/a" if g is None else fmt(g))    # n/a: OOM or not capturable
-                lines.append(f"| {name}{label} | {batch} | " + " | ".join(row) + " |")
-                print(lines[-1], flush=True)
-                if graph_row:
-                    lines.append(f"| {name} (CUDA graph) | {batch} | " + " | ".join(graph_row) + " |")
-                    print(lines[-1], flush=True)
+                            def fwd():
+                                with torch.no_grad():
+                                    fn_model(ids)
+                            cells.append(fmt(run_or_oom(lambda: measure(fwd, device, warmup=args.warmup,
+                                                                        repeats=args.iters).median_ms)))
+                            if args.graph and device.type == "cuda" and not mode:  # replayed: no host time
+                                g = run_or_oom(lambda: graph_timed(fwd, device, args.iters))
+                                graph_cells.append("n/a" if g is None else fmt(g))  # n/a: OOM or not capturable
+                    row(rows, [f"{name}{setting}{mode}", batch, *cells])
+                    if graph_cells:
+                        row(rows, [f"{name}{setting} (CUDA graph)", batch, *graph_cells])
         del model, runs
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return lines
+    return markdown_table(["attention", "batch", *(f"{n} tok (ms)" for n in args.lengths)], rows)
 
 
 def graph_timed(fn, device, iters: int):
@@ -156,9 +170,7 @@ def decode_table(args, device, dtype, shapes):
     as a CUDA graph, i.e. the kernels alone: a decode step is a few dozen tiny kernels, so eager
     timing mostly measures launch overhead, which serving stacks remove with CUDA graphs."""
     modes = ("eager", "CUDA graph") if device.type == "cuda" else ("eager",)
-    lines = ["| shape | attention | cache bytes/token/layer | batch | timing | " +
-             " | ".join(f"{c // 1024}K ctx (ms)" if c >= 1024 else f"{c} ctx (ms)" for c in args.contexts) + " |",
-             "|---|---|---|---|---|" + "---|" * len(args.contexts)]
+    rows = []
     for shape_name, (hidden, heads) in shapes.items():
         torch.manual_seed(0)
         layers = {"mha": MultiHeadSelfAttention(hidden, heads), "mlra2": MLRAttention(hidden, heads, branches=2),
@@ -172,7 +184,7 @@ def decode_table(args, device, dtype, shapes):
         for name, layer in layers.items():
             layer = layer.to(device=device, dtype=dtype).eval()
             for batch in args.decode_batches:
-                rows = {mode: [] for mode in modes}
+                cells = {mode: [] for mode in modes}
                 for ctx in args.contexts:
                     def bench():
                         cache = layer.new_cache(batch, ctx + args.iters + args.warmup + 1)
@@ -187,26 +199,23 @@ def decode_table(args, device, dtype, shapes):
                         def step_at_ctx():  # every replay appends at slot ctx and attends over ctx + 1
                             cache.length = ctx
                             step()
-                        eager = timed(step, device, args.warmup, args.iters)
+                        eager = measure(step, device, warmup=args.warmup, repeats=args.iters).median_ms
                         return eager, graph_timed(step_at_ctx, device, args.iters)
                     times = run_or_oom(bench) or (None, None)
                     for mode, ms in zip(modes, times):
-                        rows[mode].append(fmt(ms) if ms is not None or mode == "eager" else "-")
-                nbytes = layer.kv_cache_bytes_per_token(dtype)
+                        cells[mode].append(fmt(ms) if ms is not None or mode == "eager" else "-")
                 for mode in modes:
-                    lines.append(f"| {shape_name} | {name} | {nbytes} | {batch} | {mode} | " +
-                                 " | ".join(rows[mode]) + " |")
-                    print(lines[-1], flush=True)
-    return lines
+                    row(rows, [shape_name, name, layer.kv_cache_bytes_per_token(dtype), batch, mode, *cells[mode]])
+    return markdown_table(["shape", "attention", "cache bytes/token/layer", "batch", "timing",
+                           *(f"{c // 1024}K ctx (ms)" if c >= 1024 else f"{c} ctx (ms)" for c in args.contexts)], rows)
 
 
 def skipping_table(args, device, dtype, shape):
     """HLA top-k against full HLA on the same random weights: relative error of the encoder output."""
-    n = args.skip_length
-    lines = [f"| variant | rel. L2 error vs full HLA at {n} tok | cosine |", "|---|---|---|"]
     torch.manual_seed(0)
     full = MediagenTextEncoder(**{**shape, "attention": "hla"}).to(device=device, dtype=dtype).eval()
-    ids = torch.randint(1000, 2000, (1, n), device=device)
+    ids = torch.randint(1000, 2000, (1, args.skip_length), device=device)
+    rows = []
     with torch.no_grad():
         ref = full(ids).last_hidden_state.float()
         for route in ("token", "chunk"):
@@ -215,10 +224,9 @@ def skipping_table(args, device, dtype, shape):
                 out = full(ids).last_hidden_state.float()
                 err = ((out - ref).norm() / ref.norm()).item()
                 cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1).mean().item()
-                lines.append(f"| top-{k}, {route} routing | {err:.4f} | {cos:.4f} |")
-                print(lines[-1], flush=True)
+                row(rows, [f"top-{k}, {route} routing", f"{err:.4f}", f"{cos:.4f}"])
         full.set_hla_skipping(None, None, "token")
-    return lines
+    return markdown_table(["variant", f"rel. L2 error vs full HLA at {args.skip_length} tok", "cosine"], rows)
 
 
 @torch.no_grad()
@@ -243,47 +251,13 @@ def distilled_skipping_table(args, device, dtype):
     from mediagen.text.encoders import load_text_encoder, make_prompts
     enc = load_text_encoder(args.skip_distilled, torch_dtype=dtype, device=device)
     heldout = make_prompts(512, "heldout")
-    lines = [f"| variant | token cosine to full HLA, {args.skip_length}-token documents |", "|---|---|"]
+    rows = []
     for route in ("chunk", "token"):
         for k in args.top_ks:
             agree = long_input_agreement(enc.model, enc.tokenizer, heldout, args.skip_length, k, route, device)
-            lines.append(f"| top-{k}, {route} routing | {agree:.4f} |")
-            print(lines[-1], flush=True)
+            row(rows, [f"top-{k}, {route} routing", f"{agree:.4f}"])
     enc.model.set_hla_skipping(None, None, "token")
-    return lines
-
-
-def quality_table(args, device):
-    """Distil each attention from MiniLM, then held-out sentence-embedding cosine to MiniLM."""
-    from mediagen.text.encoders import (DistillConfig, distill, encoder_from_minilm, load_minilm,
-                                        load_minilm_tokenizer, make_prompts, sentence_similarity)
-    teacher, tok = load_minilm(device=device), load_minilm_tokenizer()
-    heldout = make_prompts(512, "heldout")
-    lines = [f"| encoder | held-out sentence cos, init | after {args.distill_steps} distill steps |",
-             "|---|---|---|"]
-    for name in args.quality_attentions:
-        student = encoder_from_minilm(name).to(device)
-        before = sentence_similarity(student, teacher, tok, heldout)
-        distill(student, teacher, tok, DistillConfig(steps=args.distill_steps, batch_size=args.distill_batch),
-                device=device)
-        after = sentence_similarity(student, teacher, tok, heldout)
-        lines.append(f"| {name} | {before:.4f} | {after:.4f} |")
-        print(lines[-1], flush=True)
-        if name == "hla":
-            for route in ("token", "chunk"):                       # skipping on the distilled encoder
-                for k in args.top_ks:
-                    student.set_hla_skipping(top_k=k, route=route)
-                    sim = sentence_similarity(student, teacher, tok, heldout)
-                    agree = long_input_agreement(student, tok, heldout, args.skip_length, k, route, device)
-                    lines.append(f"| hla, top-{k}, {route} routing (no retraining) | — | {sim:.4f} (prompts); "
-                                 f"token cos to full HLA on {args.skip_length}-token documents {agree:.4f} |")
-                    print(lines[-1], flush=True)
-            student.set_hla_skipping(None, None, "token")
-        if args.save_distilled:
-            path = Path(args.save_distilled) / f"minilm-{name}"
-            student.save_pretrained(path)
-            tok.save_pretrained(path)
-    return lines
+    return markdown_table(["variant", f"token cosine to full HLA, {args.skip_length}-token documents"], rows)
 
 
 def main(argv=None):
@@ -295,6 +269,8 @@ def main(argv=None):
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--attentions", nargs="+", default=[v for v in VARIANTS if v not in LONG_PATH_ONLY],
                    choices=list(VARIANTS), help="encoder variants (the -long ones only when named)")
+    p.add_argument("--readout", nargs="+", default=None, metavar="FIELD=V1,V2",
+                   help="HLA encoders' rows once per combination of these readout launch settings")
     p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 32768, 65536, 131072])
     p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--skip-length", type=int, default=8192)
@@ -302,18 +278,12 @@ def main(argv=None):
     p.add_argument("--skip-distilled", default=None,
                    help="a distilled HLA encoder folder (e.g. mediagen/checkpoints/text-hla): the skipping table "
                         "on it instead of random weights")
-    p.add_argument("--distill-steps", type=int, default=0, help="> 0: distil and measure quality")
-    p.add_argument("--distill-batch", type=int, default=64)
-    p.add_argument("--quality-attentions", nargs="+", default=["sdpa", "mlra2", "mlra4", "hla"])
-    p.add_argument("--save-distilled", default=None, help="directory to save distilled encoders in")
     p.add_argument("--graph", action="store_true",
                    help="encoding rows also replayed as CUDA graphs (on CUDA): time without the host's launches")
     p.add_argument("--compile", action="store_true", help="encoding rows also with torch.compile'd encoders")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--no-latency", action="store_true", help="skip the latency tables (quality only)")
-    p.add_argument("--only", nargs="+", default=None, choices=TABLES,
-                   help="run only these latency tables (quality still follows --distill-steps)")
+    p.add_argument("--only", nargs="+", default=None, choices=TABLES, help="run only these tables")
     p.add_argument("--out", default=None, help="append the tables to this markdown file")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -322,6 +292,16 @@ def main(argv=None):
         args.contexts, args.decode_batches = [64, 256], [1]
         args.skip_length, args.top_ks = 128, [1, 2]
         args.warmup, args.iters = 1, 2
+    if args.readout:
+        from mediagen.text.kernels.hla.triton_readout import use_readout_settings
+
+        try:
+            args.readout = settings_grid(args.readout)
+            for fields in args.readout:  # an unknown field fails here, before anything is timed
+                with use_readout_settings(**fields):
+                    pass
+        except ValueError as err:
+            p.error(f"--readout: {err}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
         args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -329,27 +309,22 @@ def main(argv=None):
     diffusers_logging.set_verbosity_error()                          # no dtype-cast notices in the tables
     shape = TINY_SHAPE if args.tiny else MINILM_SHAPE
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    header = [f"## Text encoders ({'tiny, ' if args.tiny else ''}{name}, {dtype}, torch {torch.__version__}, "
-              f"fla {'yes' if fla_available() else 'no'})", ""]
-    print("\n".join(header), flush=True)
-    out = list(header)
-    tables = [] if args.no_latency else (args.only or TABLES)
+    header = (f"## Text encoders ({'tiny, ' if args.tiny else ''}{name}, {dtype}, torch {torch.__version__}, "
+              f"fla {'yes' if fla_available() else 'no'})")
+    print(header + "\n", flush=True)
+    out = [header]
+    tables = args.only or TABLES
     if "encode" in tables:
-        out += ["### Encoding latency (forward, whole encoder)", ""]
-        out += encoding_table(args, device, dtype, shape) + [""]
+        out += ["### Encoding latency (forward, whole encoder)", encoding_table(args, device, dtype, shape)]
     if "decode" in tables:
-        out += ["### Decode latency per token (one attention layer, cache of ctx tokens)", ""]
-        out += decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES) + [""]
+        out += ["### Decode latency per token (one attention layer, cache of ctx tokens)",
+                decode_table(args, device, dtype, TINY_DECODE if args.tiny else DECODE_SHAPES)]
     if "skipping" in tables and args.skip_distilled:
-        out += [f"### HLA chunk skipping (beyond the paper) on the distilled encoder {args.skip_distilled}", ""]
-        out += distilled_skipping_table(args, device, dtype) + [""]
+        out += [f"### HLA chunk skipping (beyond the paper) on the distilled encoder {args.skip_distilled}",
+                distilled_skipping_table(args, device, dtype)]
     elif "skipping" in tables:
-        out += ["### HLA chunk skipping (beyond the paper), random weights", ""]
-        out += skipping_table(args, device, dtype, shape) + [""]
-    if args.distill_steps > 0:
-        out += ["### Distilled encoders vs MiniLM (held-out prompts)", ""]
-        out += quality_table(args, device) + [""]
-    text = "\n".join(out)
+        out += ["### HLA chunk skipping (beyond the paper), random weights", skipping_table(args, device, dtype, shape)]
+    text = "\n\n".join(out) + "\n"
     print("\n" + text)
     if args.out:
         with open(args.out, "a") as f:

@@ -1,6 +1,6 @@
 """Sample the text-to-video grid a semantic score needs, and time sampling, for one or more pipelines.
 
-    python -m benchmarks.video_samples PIPELINE [PIPELINE ...] --out DIR [--seeds 0 1 2] [--steps 8]
+    python -m benchmarks video_samples PIPELINE [PIPELINE ...] --out DIR [--seeds 0 1 2] [--steps 8]
         [--still-steps 16] [--guidance 4] [--device cuda] [--dtype bf16] [--time-batch 1] [--runtime eager]
         [--text-encoder NAME]
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mediagen.eval.timing import measure
 from mediagen.host_memory import keep_freed_memory
 
 DIRECTIONS = ("left", "right", "up", "down")
@@ -30,11 +31,6 @@ DIRECTIONS = ("left", "right", "up", "down")
 
 def grid_prompts() -> list[str]:
     return [f"the digit {d} moves {m}" for d in range(10) for m in DIRECTIONS]
-
-
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def sample_grid(pipe, seeds, steps, guidance, batch=40, embed=None):
@@ -71,16 +67,11 @@ def sample_stills(pipe, seeds, steps, guidance, frames):
 
 
 def time_sampling(pipe, device, steps, guidance, batch, repeats=5) -> list[float]:
+    """Seconds of each of ``repeats`` samplings of one batch, after a warm-up one."""
     prompt = ["the digit 3 moves left"] * batch
-    pipe(prompt=prompt, num_inference_steps=steps, guidance_scale=guidance, output_type="np")  # warm-up
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        pipe(prompt=prompt, num_inference_steps=steps, guidance_scale=guidance, output_type="np")
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return times
+    timing = measure(lambda: pipe(prompt=prompt, num_inference_steps=steps, guidance_scale=guidance, output_type="np"),
+                     device, warmup=1, repeats=repeats)
+    return [ms / 1e3 for ms in timing.times_ms]
 
 
 def main(argv=None) -> int:

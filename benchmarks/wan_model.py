@@ -11,7 +11,7 @@ Prints markdown tables (append them to benchmarks/RESULTS.md).
     python -m benchmarks.wan_model --sizes 81x480x832 --modes eager --skip-layer
     python -m benchmarks.wan_model --tiny                        # CPU smoke run of the whole script
 
-(run from the repository root, as a module: it imports benchmarks.model_timing)
+(from the repository root; also ``python -m benchmarks wan_model``)
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 import mediagen
-from benchmarks import model_timing
-from benchmarks.model_timing import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
+from benchmarks import common
+from benchmarks.common import ProjectionsOnly, device_name, graph_breaks, markdown_table, reset_compiler
 from mediagen.eval.timing import measure
 from mediagen.models.attention_spec import AttentionSpec
 from mediagen.models.latent_grid import LatentGrids
@@ -44,8 +44,8 @@ class NoSelfAttention:
 
 
 def reset_self_attention(model):
-    """Every self-attention layer back to Wan's stock processor (``model_timing.reset_self_attention``)."""
-    model_timing.reset_self_attention(model, [block.attn1 for block in model.blocks], WanAttnProcessor)
+    """Every self-attention layer back to Wan's stock processor (``common.reset_self_attention``)."""
+    common.reset_self_attention(model, [block.attn1 for block in model.blocks], WanAttnProcessor)
 
 
 def set_variant(model, variant: str, grid, blocks):

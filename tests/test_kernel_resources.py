@@ -16,7 +16,7 @@ def run(*args, interpret=False):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, "-m", "benchmarks.kernel_resources", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "benchmarks", "kernel_resources", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
 
 

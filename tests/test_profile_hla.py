@@ -1,24 +1,12 @@
 """benchmarks/profile_hla.py on the CPU: every stage of the real HLA layer is timed, and the layer's
 functions are restored afterwards."""
 
-import importlib.util
-from pathlib import Path
-
 import mediagen.text.attention.hla as hla_module
 import mediagen.text.kernels.hla.chunk as chunk_module
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_hla.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("profile_hla", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import profile_hla as script
 
 
 def test_tiny_profile_times_each_stage_and_restores_the_layer(capsys):
-    script = load_script()
     originals = {(m, n): getattr(m, n) for m, n in script.STAGES}
     script.main(["--tiny", "--iters", "2"])
     out = capsys.readouterr().out

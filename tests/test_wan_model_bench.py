@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
-from benchmarks.model_timing import ProjectionsOnly
+from benchmarks.common import ProjectionsOnly
 from benchmarks.wan_model import VARIANTS, NoSelfAttention, set_variant
 from mediagen.models.presets import build_transformer
 from mediagen.models.processors import WanMHLAProcessor

@@ -1,9 +1,43 @@
-"""Helpers shared by the whole-model benchmarks (wan_model.py, dit_images.py); their timing is
-mediagen.eval.timing.measure."""
+"""What the benchmarks share: one markdown table, the launch-setting grids of the sweep options, the whole-model
+helpers of wan_model.py and dit_images.py. Timing is ``mediagen.eval.timing.measure`` everywhere, except the
+attention op's, which ``mediagen.eval.attention_bench`` times with triton's do_bench on a GPU (kernel time)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def settings_grid(specs: list[str]) -> list[dict]:
+    """Every combination of ``FIELD=V1,V2,...`` specs as a dict of launch-setting fields, values read as ints,
+    true / false or else strings: ``["BT=32,64", "lowp=true"]`` -> ``[{BT: 32, lowp: True}, {BT: 64, lowp: True}]``."""
+    fields = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or not name or not values:
+            raise ValueError(f"setting {spec!r} is not allowed: write FIELD=V1,V2,... (e.g. warps=4,8)")
+        fields[name] = [_value(v) for v in values.split(",")]
+    return [dict(zip(fields, combo)) for combo in itertools.product(*fields.values())]
+
+
+def _value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def label(fields: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
 
 
 def reset_compiler() -> None:
@@ -19,12 +53,6 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["graph_break"].values())
-
-
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def device_name(device: torch.device) -> str:
