@@ -19,7 +19,8 @@ What is sent per layer, X = D*D + D values per block and head:
               backward reads them, bf16 for a bf16 forward that nothing differentiates.
     backward  the B*H*M*X fp32 partial dS of every rank are summed: a reduce-scatter on NCCL
               (each rank keeps its M/P blocks); gloo has none, so there an all-reduce of all M.
-Both are independent of the number of tokens at a fixed block count; softmax attention spread over
+``exchange_bytes`` gives the bytes a rank sends in each. Both are independent of the number of tokens at a
+fixed block count; softmax attention spread over
 ranks (Ulysses all-to-all or ring passes) moves q/k/v-sized tensors instead, growing with the sequence.
 
 With ``rope`` the numerator's features are rotated as in the single-process op (rotation.py); each
@@ -43,11 +44,16 @@ from ..kernels.mhla.checks import check_mhla_args
 from ..kernels.mhla.exchange import BlockExchange
 from ..kernels.mhla.layout import block_token_lists
 from ..kernels.mhla.rotation import split_rope
+from ..kernels.mhla.tiles import summary_dtype
 
 
 def shard_layout(grid, blocks, rank: int, world: int):
     """(first token, end token, local order, local offsets) of ``rank``'s slab of whole blocks."""
     grid, blocks = tuple(grid), tuple(blocks)
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world={world!r} is not allowed: use the number of ranks, an int >= 1")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise ValueError(f"rank={rank!r} is not allowed: use an int in [0, {world}) for world={world}")
     if blocks[0] % world:
         raise ValueError(f"blocks[0]={blocks[0]} must be divisible by the world size {world} so that every "
                          f"rank holds whole blocks along the first grid axis")
@@ -68,6 +74,36 @@ def _device_layout(grid: tuple, blocks: tuple, rank: int, world: int, device: to
     a host-to-device copy per layer call would make the host wait for the GPU every layer."""
     first, end, order, offsets = shard_layout(grid, blocks, rank, world)
     return first, end, order.to(device), offsets.to(device)
+
+
+def exchange_bytes(grid, blocks, *, batch: int, heads: int, head_dim: int, world: int, dtype=torch.float32,
+                   backward: bool = True, backend: str = "nccl") -> dict[str, int]:
+    """Bytes one rank sends per MHLA layer: {"forward": the summaries' all-gather, "backward": the sum of
+    the partial dS (0 without a backward)}. A pure function of shapes, equal on every rank.
+
+    Counted as the usual bandwidth-optimal algorithms send: an all-gather sends (P-1) x the rank's input, a
+    reduce-scatter (P-1)/P x its input, an all-reduce 2(P-1)/P x its input. With M blocks, P ranks and
+    X = D*D + D values per block and head, a rank's input is B*H*(M/P)*X summaries to the all-gather and the
+    B*H*M*X fp32 partial dS to the sum, so
+        forward   (P-1) * B*H*(M/P)*X * s      s: the summaries' bytes (``summary_dtype``: 4, or 2 for a bf16
+                                               forward that nothing differentiates)
+        backward  (P-1) * B*H*(M/P)*X * 4      NCCL (reduce-scatter)
+                  2 * that                     gloo (no reduce-scatter: an all-reduce of all M blocks)
+    Neither depends on the grid beyond its block count: more frames at fixed blocks send the same bytes.
+    ``dtype`` is q's dtype; ``backward`` whether a backward follows (the forward keeps fp32 summaries)."""
+    for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed: use an int >= 1")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend={backend!r} is not allowed: use 'nccl' or 'gloo'")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype={dtype!r} is not allowed: use torch.float32, torch.float16 or torch.bfloat16")
+    shard_layout(grid, blocks, 0, world)  # the layout the exchange uses: whole blocks, blocks[0] split evenly
+    held = math.prod(blocks) // world
+    per_rank = batch * heads * held * (head_dim * head_dim + head_dim)
+    forward = (world - 1) * per_rank * summary_dtype(dtype, backward).itemsize
+    grads = (world - 1) * per_rank * 4 * (2 if backend == "gloo" else 1)
+    return {"forward": forward, "backward": grads if backward else 0}
 
 
 def shard_tokens(x: torch.Tensor, grid, blocks, rank: int, world: int) -> torch.Tensor:
