@@ -146,7 +146,7 @@ def test_bad_options_are_refused_at_conversion(kwargs, words):
 
 
 def test_unknown_option_names_the_allowed_ones():
-    with pytest.raises(TypeError, match=r"\['block'\].*'blocks', 'feature_map'"):
+    with pytest.raises(TypeError, match=r"\['block'\].*'feature_map', .*'blocks', 'per_head_mix'"):
         mediagen.convert(tiny_dit(), "mhla", block=(2, 2))
 
 
@@ -174,9 +174,10 @@ def test_attention_names_module_is_light_and_the_one_source_of_options():
     code = ("import sys; from mediagen.models.attention_spec import ATTENTION_CHOICES, OPTION_NAMES; "
             "assert 'torch' not in sys.modules; print(','.join(ATTENTION_CHOICES)); print(','.join(OPTION_NAMES))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the attentions' own options in registration order (linear's, then MHLA's), then the layer options
     assert out.stdout.split() == ["sdpa,linear,mhla,wan-mhla-h",
-                                  "blocks,feature_map,normalize,eps,scale,per_head_mix,out_norm,out_gate,"
-                                  "cpe_kernel,rope,denominator,feature_eps,mix_init,in_norm"], out.stderr
+                                  "feature_map,normalize,eps,scale,feature_eps,blocks,per_head_mix,denominator,"
+                                  "mix_init,out_norm,out_gate,cpe_kernel,rope,in_norm"], out.stderr
 
 
 # --- plain diffusers refuses a saved converted model ----------------------------------------------

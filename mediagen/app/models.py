@@ -6,7 +6,7 @@ laid out as
 
     image-<attention>/    a class-conditional pipeline or transformer trained with that attention
     video-<attention>/    a text-to-video pipeline or transformer (text-to-image = one frame)
-    text-mlra/, text-hla/ saved ``PromptEncoder`` folders      (<attention>: a label of ``ATTENTIONS``)
+    text-mlra/, text-hla/ saved ``PromptEncoder`` folders      (<attention>: a label of ``attention_labels()``)
 
 Only trained models are offered: an attention is on offer for a family exactly when its
 ``<family>-<attention>/`` checkpoint exists (an untrained conversion of the sdpa weights gives blank
@@ -46,16 +46,26 @@ from pathlib import Path
 
 import torch
 
-from ..pipelines.names import ATTENTION_CHOICES, CHECKPOINT_LABELS
+from ..models.attention_spec import attention_choices, uses_blocks
+from ..pipelines.names import CHECKPOINT_LABELS
 from ..pipelines.shipping import checkpoints_dir
 
-# The page lists the softmax baseline first, then MHLA, then the other attentions in the spec's order.
-# Only the order is chosen here: the names come from the spec and the labels from the shipped folders.
+# The page lists the softmax baseline first, then MHLA, then the other attentions in the registry's order.
+# Only the order is chosen here: the names come from the registry and the labels from the shipped folders.
 _SHOWN_FIRST = ("sdpa", "mhla")
-# app label (the <attention> of a <family>-<attention>/ folder) -> mediagen.convert name
-ATTENTIONS = {CHECKPOINT_LABELS[name]: name
-              for name in sorted(ATTENTION_CHOICES,
-                                 key=lambda n: _SHOWN_FIRST.index(n) if n in _SHOWN_FIRST else len(_SHOWN_FIRST))}
+
+
+def attention_labels() -> dict[str, str]:
+    """App label (the <attention> of a <family>-<attention>/ folder: the name, or a pattern's label) ->
+    ``mediagen.convert`` name, in the page's order; read from the registry on each call."""
+    order = sorted(attention_choices(), key=lambda n: _SHOWN_FIRST.index(n) if n in _SHOWN_FIRST else len(_SHOWN_FIRST))
+    return {CHECKPOINT_LABELS.get(name, name): name for name in order}
+
+
+def __getattr__(name):
+    if name == "ATTENTIONS":  # the labels as a mapping, as the registry has them now
+        return attention_labels()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 TEXT_ENCODERS = ("FlashAttention", "MLRA", "HLA")
 FAMILIES = ("image", "video")  # image: class-conditional DiT; video: Wan-style text-to-video
 
@@ -71,8 +81,8 @@ class ModelSource:
     untrained: tuple[str, ...] = ()    # attentions served without training (converted from base)
 
     def offered(self) -> list[str]:
-        """Attention labels on offer, in ``ATTENTIONS`` order: the trained ones, then any listed untrained."""
-        return [a for a in ATTENTIONS if a in self.trained or a in self.untrained]
+        """Attention labels on offer, in ``attention_labels()`` order: the trained ones, then any listed untrained."""
+        return [a for a in attention_labels() if a in self.trained or a in self.untrained]
 
 
 @dataclass
@@ -93,7 +103,7 @@ class ModelSet:
         offered = self.source(family).offered()
         if attention not in offered:
             what = "class-conditional image" if family == "image" else "text-to-video / text-to-image"
-            why = ("" if attention not in ATTENTIONS else
+            why = ("" if attention not in attention_labels() else
                    f" (no trained {family}-{attention} checkpoint; untrained conversions are not offered)")
             raise ValueError(f"{field_name}={attention!r} is not allowed for the {what} model{why}: "
                              f"choose one of {offered}")
@@ -228,7 +238,7 @@ def describe_models(models: "ModelSet") -> str:
 
 def _trained(root: Path, family: str) -> dict[str, str]:
     found = {}
-    for label in ATTENTIONS:
+    for label in attention_labels():
         folder = root / f"{family}-{label}"
         if (folder / "model_index.json").is_file() or (folder / "config.json").is_file():
             found[label] = str(folder)
@@ -311,7 +321,7 @@ class ModelCache:
     # --- transformers per attention ----------------------------------------------------------
     def blocks_for(self, family: str, attention: str, grid) -> tuple | None:
         self.models.check_attention(family, attention)
-        if attention in self.models.source(family).trained or "mhla" not in ATTENTIONS[attention]:
+        if attention in self.models.source(family).trained or not uses_blocks(attention_labels()[attention]):
             return None
         from ..models.attention_spec import auto_blocks
 
@@ -333,7 +343,7 @@ class ModelCache:
         if attention in src.trained:
             model = build_pipeline(src.trained[attention], seed=0).transformer
         else:
-            model = convert(copy.deepcopy(self.base(family).transformer), ATTENTIONS[attention],
+            model = convert(copy.deepcopy(self.base(family).transformer), attention_labels()[attention],
                             blocks=list(blocks) if blocks else None)
         return self._place(model)
 

@@ -1,17 +1,10 @@
-"""Attention diagnostics: the dense attention matrix of a softmax, linear or MHLA layer from its
-q and k, and that matrix's rank and entropy (the paper: on DeiT-T, rank 58 linear / 233 MHLA /
-255 softmax).
+"""Attention diagnostics: the dense attention matrix of a layer from its q and k, and that matrix's rank and
+entropy (the paper: on DeiT-T, rank 58 linear / 233 MHLA / 255 softmax).
 
-All q, k are (B, N, H, D); matrices come back (B, H, N, N) in float64, each row summing to 1:
-- softmax: A = softmax(q k^T * scale), scale = D^-1/2 by default.
-- linear:  A[t, s] = phi(q_t).phi(k_s) / (sum_s' phi(q_t).phi(k_s') + eps). Its rank is at most D,
-  since A is diag(1/den) times the product of an (N, D) and a (D, N) matrix.
-- MHLA:    A[t, s] = m_{i(t), i(s)} phi(q_t).phi(k_s) / (sum_s' of the same + eps), i(t) the block
-  of token t (the dense form of the MHLA kernel). Rank at most M * D: each block of key columns
-  contributes a factor of rank <= D.
-- With RoPE on the features (``rope=(cos, sin)`` tables (N, D/2), Wan's rope="features") the numerator's phi(q_t).phi(k_s)
-  becomes R(phi(q_t)).R(phi(k_s)) and the denominator stays un-rotated: rows no longer sum to 1 and
-  entries can be negative (rank bounds unchanged; entropy is then not reported).
+A layer's matrix is its attention's ``dense`` form (``models.attention_registry``; softmax, linear and MHLA in
+``models.dense_attention``, re-exported here), so every registered attention with one is measured the same way.
+q, k are (B, N, H, D); matrices come back (B, H, N, N) in float64. Softmax, linear and MHLA rows sum to 1,
+except with RoPE on the features, where entries can be negative (entropy is then not reported).
 Rank is numerical: singular values above ``rtol`` times the largest (default N * eps of float64,
 numpy's rule; pass e.g. 1e-6 to ignore numerically negligible directions). Entropy is the mean
 over rows of -sum_s A log A, in nats (log N for uniform attention, 0 for one-hot).
@@ -21,67 +14,22 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import token_block_ids
-from ..kernels.mhla.checks import feature
-from ..kernels.mhla.rotation import rotate_pairs
+from ..models import attention_registry
+from ..models.dense_attention import linear_attention_matrix, mhla_attention_matrix, softmax_attention_matrix
 
-
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
-    if x.dim() != 4:
-        raise ValueError(f"q and k must be (B, N, H, D); got shape {tuple(x.shape)}")
-    return x.transpose(1, 2).double()
-
-
-def softmax_attention_matrix(q, k, scale: float | None = None) -> torch.Tensor:
-    qh, kh = _heads_first(q), _heads_first(k)
-    scale = qh.shape[-1] ** -0.5 if scale is None else scale
-    return torch.softmax(qh @ kh.transpose(-1, -2) * scale, dim=-1)
-
-
-def _scores(q, k, feature_map: str, rope=None):
-    """(numerator, denominator) scores phi(q_t).phi(k_s), each (B, H, N, N) float64; with ``rope``
-    (a layer's RoPE tables (cos, sin)) the numerator's features are rotated."""
-    qf, kf = feature(q.double(), feature_map), feature(k.double(), feature_map)
-    den = _heads_first(qf) @ _heads_first(kf).transpose(-1, -2)
-    if rope is None:
-        return den, den
-    cos, sin = (t.double() for t in rope)
-    qr, kr = rotate_pairs(qf, cos, sin), rotate_pairs(kf, cos, sin)
-    return _heads_first(qr) @ _heads_first(kr).transpose(-1, -2), den
-
-
-def linear_attention_matrix(q, k, feature_map: str = "relu", eps: float = 1e-6, rope=None) -> torch.Tensor:
-    num, den = _scores(q, k, feature_map, rope)
-    return num / (den.sum(dim=-1, keepdim=True) + eps)
-
-
-def mhla_attention_matrix(q, k, mix, grid, blocks, feature_map: str = "relu", eps: float = 1e-6,
-                          rope=None) -> torch.Tensor:
-    num, den = _scores(q, k, feature_map, rope)
-    ids = token_block_ids(tuple(grid), tuple(blocks), q.device)
-    if ids.numel() != num.shape[2]:
-        raise ValueError(f"grid={tuple(grid)} holds {ids.numel()} tokens but q has N={num.shape[2]}")
-    m = mix.detach().double().to(q.device)
-    # token-pair mixing weights m_{i(t), i(s)}: (N, N) for a shared Mc, (H, N, N) per head
-    pair = m[ids][:, ids] if m.dim() == 2 else m[:, ids][:, :, ids]
-    return pair * num / ((pair * den).sum(dim=-1, keepdim=True) + eps)
+__all__ = ["attention_matrix", "softmax_attention_matrix", "linear_attention_matrix", "mhla_attention_matrix",
+           "attention_rank", "attention_entropy", "attention_stats", "AttentionRecorder"]
 
 
 def attention_matrix(module, q, k, grid=None, rope=None) -> torch.Tensor:
-    """The dense attention matrix of a ``mediagen.attention`` module on q, k (``rope``: as the
-    module's forward got it)."""
-    from ..attention import LinearAttention, MHLAttention, SDPAttention
-
-    if isinstance(module, LinearAttention):
-        return linear_attention_matrix(q, k, module.feature_map, module.eps, rope)
-    if isinstance(module, MHLAttention):
-        if grid is None:
-            raise ValueError("an MHLA layer needs the token grid to build its attention matrix; got grid=None")
-        return mhla_attention_matrix(q, k, module.mix, grid, module.blocks, module.feature_map, module.eps, rope)
-    if isinstance(module, SDPAttention):
-        return softmax_attention_matrix(q, k)
-    raise ValueError(f"no attention matrix for module type {type(module).__name__}: "
-                     "use SDPAttention, LinearAttention or MHLAttention")
+    """The dense attention matrix of a core module of a registered attention on q, k (``rope``: as the
+    module's forward got it): its entry's ``dense`` (``models.attention_registry``)."""
+    entry = attention_registry.entry_of_module(module)
+    if entry is None or entry.dense is None:
+        known = [e.name for e in attention_registry.entries() if e.dense is not None and e.module is not None]
+        raise ValueError(f"no attention matrix for module type {type(module).__name__}: use the core module of "
+                         f"an attention with a dense form ({', '.join(known)})")
+    return entry.dense(module, q, k, grid, rope)
 
 
 def attention_rank(A: torch.Tensor, rtol: float | None = None) -> torch.Tensor:
@@ -112,19 +60,19 @@ class AttentionRecorder:
             model(inputs)
         stats = rec.stats()   # {layer name: attention_stats(...)}
 
-    Layers are ``mediagen.attention`` modules (the MHLA / linear cores of converted diffusers
-    models included) and diffusers ``Attention`` modules that run softmax through torch's
-    ``scaled_dot_product_attention`` (recorded while the call is inside such a module, patched only
-    inside the ``with`` block; cross-attention, masked and causal calls are skipped). Layers with
-    more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit. MHLA
-    layers with rope="features" are recorded with their rotation tables (``rope``).
+    Layers are the core modules of registered attentions (``attention_registry.module_types()``: the
+    MHLA / linear cores of converted diffusers models included) and diffusers ``Attention`` modules
+    that run softmax through torch's ``scaled_dot_product_attention`` (recorded while the call is inside
+    such a module, patched only inside the ``with`` block; cross-attention, masked and causal calls are
+    skipped). Layers with
+    more than ``max_tokens`` tokens are skipped: their dense N x N matrix would not fit. Layers
+    with rope="features" are recorded with their rotation tables (``rope``).
     """
 
     def __init__(self, model, max_tokens: int = 4096):
-        from ..attention import MHLAttention, SDPAttention
-
         self.model, self.max_tokens = model, max_tokens
-        self.targets = {n: m for n, m in model.named_modules() if isinstance(m, (MHLAttention, SDPAttention))}
+        cores = attention_registry.module_types()
+        self.targets = {n: m for n, m in model.named_modules() if isinstance(m, cores)}
         self.containers = {n: m for n, m in model.named_modules()
                            if hasattr(m, "processor") and n not in self.targets}
         self.records: dict = {}

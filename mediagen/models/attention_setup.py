@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Collection
 
-from .attention_spec import CONVERTED_ATTENTIONS, AttentionSpec
+from . import attention_registry as registry
+from .attention_spec import AttentionSpec
 from .families import family_of
 from .latent_grid import install_grid_hook
 
@@ -14,12 +15,12 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carr
 
     Layers whose entry is ``None`` and layers listed in ``keep`` are not touched: they keep exactly
     the processor they have (the family's own one for a fresh model, e.g. SANA's ReLU linear attention,
-    or one the user set, or a converted processor with trained weights). ``sdpa`` layers get the
-    family's stock softmax processor (so a converted model with all layers ``sdpa`` computes exactly
-    what the original did); ``mhla``/``linear`` layers get a fresh processor with Mc at its locality
-    init, whose weights ``from_pretrained`` then loads. Layers listed in ``carry`` get a fresh processor
-    that takes over every weight of the one they have; only parameters the old one lacks (a CPE being
-    added) keep their zero init, so the layer computes what it computed before.
+    or one the user set, or a converted processor with trained weights). Layers of a stock attention
+    (``sdpa``) get the family's stock softmax processor (so a converted model with all layers ``sdpa``
+    computes exactly what the original did); the others get a fresh processor around their attention's
+    core (``mhla``: Mc at its locality init), whose weights ``from_pretrained`` then loads. Layers listed
+    in ``carry`` get a fresh processor that takes over every weight of the one they have; only parameters
+    the old one lacks (a CPE being added) keep their zero init, so the layer computes what it computed before.
     """
     fam = family_of(model)
     attns = fam.self_attentions(model)
@@ -30,7 +31,7 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carr
     for i, (attn, kind) in enumerate(zip(attns, spec.layers)):
         if kind is None or i in keep:
             continue
-        if kind == "sdpa":
+        if registry.get(kind).stock:
             if not isinstance(attn.processor, fam.stock_processor):
                 attn.set_processor(fam.stock_processor())
             continue
@@ -51,13 +52,14 @@ def head_dim(attn) -> int:
 
 
 def check_head_dims(model, spec: AttentionSpec) -> None:
-    """MHLA / linear layers run on the MHLA kernels, which take head dims 16 to 256: refuse others at
-    conversion time rather than at the first forward."""
-    from ..kernels.mhla.checks import MAX_HEAD_DIM, MIN_HEAD_DIM
-
+    """Layers whose attention runs on kernels with a head-dim range (linear / MHLA: the MHLA kernels, 16 to
+    256; the entry's ``head_dims``): refuse others at conversion time rather than at the first forward."""
     attns = family_of(model).self_attentions(model)
     for i, (attn, kind) in enumerate(zip(attns, spec.layers)):
-        d = head_dim(attn)
-        if kind in CONVERTED_ATTENTIONS and not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        entry = registry.get(kind) if kind is not None else None
+        if entry is None or entry.head_dims is None:
+            continue
+        (lo, hi), d = entry.head_dims(), head_dim(attn)
+        if not lo <= d <= hi:
             raise ValueError(f"layer {i} has head dim {d} ({attn.heads} heads): attention={kind!r} needs a head "
-                             f"dim from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}; keep that layer 'sdpa' or not converted")
+                             f"dim from {lo} to {hi}; keep that layer 'sdpa' or not converted")

@@ -6,9 +6,9 @@ import warnings
 from typing import Sequence
 
 from ..kernels.mhla.layout import check_grid_blocks
+from . import attention_registry as registry
 from .attention_setup import apply_attention, check_head_dims
-from .attention_spec import (CONVERTED_ATTENTIONS, OPTION_DEFAULTS, OPTION_NAMES, AttentionSpec, auto_blocks,
-                             check_denominator_grid, is_int, layer_attentions)
+from .attention_spec import AttentionSpec, auto_blocks, is_int, layer_attentions
 from .converted import CONFIG_KEY, converted_class_for
 from .families import family_of
 
@@ -23,22 +23,23 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     converted.
 
     Args:
-        attention: "sdpa", "linear", "mhla", "wan-mhla-h" (softmax every third layer, MHLA in the
-            rest), or a list with one of "sdpa"/"linear"/"mhla" per layer (None: leave that layer).
+        attention: the name of a registered attention ("sdpa", "linear", "mhla"; ``models.attention_registry``),
+            a pattern ("wan-mhla-h": softmax every third layer, MHLA in the rest), or a list with one
+            registered name per layer (None: leave that layer).
         layers: with a single name, the layer indices that get it; the other layers keep exactly the
             processor they have (the model's own attention, or an earlier conversion).
         grid: the token grid the model will mostly run at, used to choose and check ``blocks``.
         reinit: allow replacing layers that are already linear / MHLA by a different attention or
             different options; their Mc (and other new weights) start again from the init.
-        **options: the MHLA options of ``AttentionSpec`` (``OPTION_NAMES``): blocks, feature_map,
-            normalize, eps, scale, per_head_mix, out_norm, out_gate, cpe_kernel, rope, and the official MHLA
-            code's conventions denominator, feature_eps, mix_init, in_norm (denominator="official" runs
-            the numerator through the kernels and the division in plain PyTorch ops: slower, and only for
-            blocks that divide the grid). ``blocks`` is the
-            block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
+        **options: the registered attentions' options (``OPTION_NAMES``; each attention's options dataclass
+            says what they mean): for linear / MHLA blocks, feature_map, normalize, eps, scale, per_head_mix,
+            out_norm, out_gate, cpe_kernel, rope, and the official MHLA code's conventions denominator,
+            feature_eps, mix_init, in_norm (denominator="official" runs the numerator through the kernels and
+            the division in plain PyTorch ops: slower, and only for blocks that divide the grid). ``blocks``
+            is the block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
             chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N. Options not given (and
             ``blocks=None``) keep the values of an earlier conversion of the model, else take the
-            ``AttentionSpec`` defaults, except ``rope``: "features" for a Wan model (its RoPE, the only
+            defaults of their dataclasses, except ``rope``: "features" for a Wan model (its RoPE, the only
             position signal it has, rotates the linear / MHLA layers' features), "none" for the others.
 
     Converting again is safe: layers asked for with the attention and options they already have keep
@@ -57,10 +58,11 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     ``mediagen.attention.register_mix_clipping(optimizer, model)``.
     """
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: convert what it wraps
-    unknown = sorted(set(options) - set(OPTION_NAMES))
+    option_names = registry.option_names()
+    unknown = sorted(set(options) - set(option_names))
     if unknown:
         raise TypeError(f"convert() got unknown option(s) {unknown}; allowed: layers, grid, reinit and the "
-                        f"MHLA options {list(OPTION_NAMES)}")
+                        f"attentions' options {list(option_names)}")
     if not isinstance(reinit, bool):
         raise ValueError(f"reinit={reinit!r} is not allowed: use True or False")
     if hasattr(model, "components") and hasattr(model, "register_modules"):  # a DiffusionPipeline
@@ -84,14 +86,19 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
         raise ValueError(f"config.{CONFIG_KEY} lists {len(old.layers)} layers but the model has {num_layers}")
     old_layers = old.layers if old is not None else [None] * num_layers
     names = [a if a is not None else o for a, o in zip(asked, old_layers)]
-    opts = dict(old.options() if old is not None else OPTION_DEFAULTS, **options)
+    opts = dict(old.options() if old is not None else registry.option_defaults(), **options)
     if old is None and "rope" not in options and fam.name == "wan":
         # Wan has no position embedding: the RoPE of its self-attention is its only position signal, so a
         # first conversion keeps it on the linear / MHLA layers' features unless rope="none" is asked for
         opts["rope"] = "features"
-    converts = {"mhla", "linear"} & set(names)
+    # the attentions whose layers get a core of their own (the others keep the family's softmax processor)
+    converts = [n for n in dict.fromkeys(names) if n is not None and not registry.get(n).stock]
     if opts["rope"] == "features" and fam.name != "wan":
         raise ValueError(f"rope='features' is for Wan models (they have RoPE); this is a {fam.name} model: use rope='none'")
+    no_rope = [n for n in converts if not registry.get(n).rope]
+    if opts["rope"] == "features" and no_rope:
+        raise ValueError(f"rope='features' is for attentions that take the model's rotary tables; {no_rope[0]!r} does "
+                         f"not: use rope='none' (cpe_kernel=3 gives its layers positions)")
     if fam.name == "wan" and opts["rope"] == "none" and not opts["cpe_kernel"] and converts:
         # Wan has no absolute position embedding: positions reach it only through RoPE in self-attention.
         # A Moving-MNIST model trained this way stalled with blocky samples (docs/RESULTS.md).
@@ -105,7 +112,7 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
             raise ValueError(f"grid={grid!r} is not allowed: give {fam.ndim} positive ints (tokens per axis) for a "
                              f"{fam.base.__name__}")
         grid = tuple(int(g) for g in grid)
-    if "mhla" in names:
+    if any(registry.get(n).blocks for n in converts):
         grid = grid or fam.default_grid(model)
         if opts["blocks"] is None:
             if grid is None:
@@ -114,16 +121,17 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
                     f"{fam.base.__name__}, e.g. grid=(21, 30, 52) for 81 frames at 480x832; or give blocks"
                 )
             opts["blocks"] = auto_blocks(grid)
-    else:
-        opts["blocks"] = None  # only MHLA layers use blocks; the config does not keep an unused value
+    elif "blocks" in opts:
+        opts["blocks"] = None  # only attentions with blocks use them; the config does not keep an unused value
     spec = AttentionSpec(layers=names, **opts)  # checks every option's value
-    if spec.blocks is not None:
+    if getattr(spec, "blocks", None) is not None:
         if len(spec.blocks) != fam.ndim:
             raise ValueError(f"blocks={spec.blocks} must have {fam.ndim} counts (one per grid axis) for a "
                              f"{fam.base.__name__}")
         if grid is not None:
             check_grid_blocks(grid, tuple(spec.blocks))
-            check_denominator_grid(spec, grid)
+    if grid is not None:
+        spec.check_grid(grid)
     if isinstance(spec.cpe_kernel, list) and len(spec.cpe_kernel) != fam.ndim:
         raise ValueError(f"cpe_kernel={spec.cpe_kernel} must have {fam.ndim} sizes (one per grid axis) for a "
                          f"{fam.base.__name__}, or be one int")
@@ -138,7 +146,7 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
 def _adds_cpe_only(old: AttentionSpec, new: AttentionSpec, i: int) -> bool:
     """Layer i keeps its attention and options except for a CPE that it did not have: the new term is
     zero-initialised, so the layer's trained weights carry over and its output is unchanged."""
-    if old.layers[i] != new.layers[i] or new.layers[i] not in CONVERTED_ATTENTIONS:
+    if old.layers[i] != new.layers[i] or new.layers[i] not in registry.converted_names():
         return False
     a, b = old.layer_setup(i)[1], new.layer_setup(i)[1]
     return a["cpe_kernel"] == 0 and b["cpe_kernel"] != 0 and {k for k in a if a[k] != b[k]} == {"cpe_kernel"}
@@ -157,7 +165,7 @@ def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list,
             keep.add(i)
         elif _adds_cpe_only(old, new, i) and not reinit:
             carry.add(i)
-        elif old.layers[i] in CONVERTED_ATTENTIONS:
+        elif old.layers[i] in registry.converted_names():
             (named if asked[i] is not None else unnamed).append(i)
     if unnamed:
         i = unnamed[0]
@@ -175,7 +183,7 @@ def _layers_to_keep(old: AttentionSpec | None, new: AttentionSpec, asked: list,
 
 
 def _option_diff(old: AttentionSpec, new: AttentionSpec, i: int) -> str:
-    if old.layers[i] != new.layers[i] or new.layers[i] not in CONVERTED_ATTENTIONS:
+    if old.layers[i] != new.layers[i] or new.layers[i] not in registry.converted_names():
         return ""
     a, b = old.layer_setup(i)[1], new.layer_setup(i)[1]
     return ", ".join(f"{k}={a[k]!r} (asked {b[k]!r})" for k in a if a[k] != b[k])

@@ -1,15 +1,18 @@
-"""Diffusers attention processors that run a self-attention layer as MHLA (or global linear attention).
+"""Diffusers attention processors that run a self-attention layer on a registered attention's core (MHLA,
+global linear attention, ...).
 
 A processor here is an ``nn.Module``, so diffusers registers it as a submodule of its attention
-layer and its parameters (Mc, and the optional norm, gate and CPE weights) are saved with the
-model. The projections, q/k norms and output projection stay those of the pretrained layer. The
+layer and its parameters (the core's, e.g. Mc, and the optional norm, gate and CPE weights) are saved
+with the model. The core comes from the attention's registry entry (``attention_registry``), built
+with that attention's options; the norms, gate, CPE and RoPE around it are the layer options, the same
+for every attention. The projections, q/k norms and output projection stay those of the pretrained layer. The
 latent grid comes from the transformer's pre-hook (``latent_grid.LatentGrids``), looked up by the
 sequence length.
 
 Per layer, with x the layer's input and q, k, v (B, N, H, D) from the layer's own projections:
 
     x = LayerNorm(x)                           if in_norm              (then the projections and gate read it)
-    o = MHLA(q, k, v; Mc, grid, blocks)                               (attention.mhla: the op, with options)
+    o = core(q, k, v, grid, rope)                                     (MHLA: attention.mhla, the op with options)
     o = RMSNorm(o)                             if out_norm=True        (over all heads together)
     o_h = RMSNorm(o_h) for each head h         if out_norm="per_head"  (one weight of head-dim size)
     o = o * SiLU(W_g x + b_g)                  if out_gate
@@ -30,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import LinearAttention, MHLAttention
 from ..kernels.mhla.op import resolve_backend
+from . import attention_registry as registry
 from .attention_spec import AttentionSpec
 
 try:  # triton ships with CUDA builds of torch on Linux; elsewhere the CPE is the conv
@@ -77,26 +80,20 @@ _last_rope_tables = None
 
 
 class GridSelfAttnProcessor(nn.Module):
-    """MHLA / linear self-attention processor; subclasses say how q, k, v are projected."""
+    """Self-attention processor around a registered attention's core; subclasses say how q, k, v are projected."""
 
     def __init__(self, kind: str, spec: AttentionSpec, *, heads: int, head_dim: int, query_dim: int,
                  ndim: int, grids):
         super().__init__()
-        if kind not in ("mhla", "linear"):
-            raise ValueError(f"kind={kind!r} is not allowed: use 'mhla' or 'linear'")
+        entry = registry.get(kind)
+        if entry.stock:
+            raise ValueError(f"kind={kind!r} is not allowed: {kind!r} layers keep the family's own processor; use "
+                             f"one of {registry.converted_names()}")
         self.kind = kind
         self.ndim = ndim
         inner = heads * head_dim
-        opts = dict(feature_map=spec.feature_map, normalize=spec.normalize, eps=spec.eps, scale=spec.scale,
-                    feature_eps=spec.feature_eps)
-        if kind == "mhla":
-            if len(spec.blocks) != ndim:
-                raise ValueError(f"blocks={spec.blocks} has {len(spec.blocks)} axes but this model's latent grid "
-                                 f"has {ndim}")
-            self.core = MHLAttention(spec.blocks, heads=heads if spec.per_head_mix else None,
-                                     denominator=spec.denominator, mix_init=spec.mix_init, **opts)
-        else:
-            self.core = LinearAttention(ndim, **opts)
+        self.core = entry.build_core(spec.options(), heads=heads, ndim=ndim)
+        self.fused_cpe = entry.fused_cpe  # the core's forward takes cpe=(weight, bias) (see _cpe_in_core)
         self.rope_features = spec.rope == "features"
         # out_norm=True: one norm over all heads' channels; "per_head": each head over its own head_dim channels
         # with one weight shared by the heads (the official Wan layer's WanRMSNorm(head_dim)); eps 1e-6 either way
@@ -206,10 +203,11 @@ class GridSelfAttnProcessor(nn.Module):
         return self.project_out(attn, o.type_as(q), residual)
 
     def _cpe_in_core(self, q, k, v) -> bool:
-        """Whether the MHLA op adds the CPE itself (its dense forward then adds it before storing o: one launch
-        and one write of o fewer): eager sampling on the Triton path, an MHLA core (linear attention's grid is
-        its token row), no norm or gate between the attention and the CPE."""
-        if self.cpe is None or self.kind != "mhla" or self.out_norm is not None or self.out_gate is not None \
+        """Whether the core adds the CPE itself (MHLA's op: its dense forward then adds it before storing o: one
+        launch and one write of o fewer): eager sampling on the Triton path, a core whose entry says
+        ``fused_cpe`` (linear attention's grid is its token row, not the CPE's), no norm or gate between the
+        attention and the CPE."""
+        if self.cpe is None or not self.fused_cpe or self.out_norm is not None or self.out_gate is not None \
                 or not self.core.takes_cpe:
             return False
         if torch.compiler.is_compiling() or not fused_cpe_device(v) or resolve_backend(None, v.device) != "triton":

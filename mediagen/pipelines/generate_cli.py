@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .names import ATTENTION_CHOICES, CHECKPOINT_LABELS, RUNTIMES, SCHEDULERS
+from ..models.attention_spec import attention_choices
+from .names import CHECKPOINT_LABELS, RUNTIMES, SCHEDULERS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
@@ -55,7 +56,7 @@ def register(sub):
     p.add_argument("--frames", type=int, default=None,
                    help="video frames; for text-to-image with a clip model, the clip a still is the middle frame of "
                         "(default: its trained length; 1: a one-frame grid)")
-    p.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
+    p.add_argument("--attention", choices=attention_choices(), default=None,
                    help="with a shipped model: use its family's checkpoint trained with this attention (refused "
                         "when none is shipped); with a preset or folder: convert the self-attention first (default: "
                         "as saved; presets: sdpa); a model saved with this attention is used as saved")
@@ -102,7 +103,7 @@ def _trained_attentions(family: str) -> list[str]:
     """Convert names of the attentions with a shipped ``<family>-<attention>`` checkpoint."""
     from .shipping import shipped_checkpoint
 
-    return [a for a, label in CHECKPOINT_LABELS.items() if shipped_checkpoint(f"{family}-{label}") is not None]
+    return [a for a in attention_choices() if shipped_checkpoint(f"{family}-{CHECKPOINT_LABELS.get(a, a)}") is not None]
 
 
 def _shipped_with(model: str, attention: str) -> str:
@@ -115,7 +116,7 @@ def _shipped_with(model: str, attention: str) -> str:
         raise ValueError(f"--attention {attention} is not allowed with the shipped {family} models: trained "
                          f"checkpoints exist for {', '.join(trained)} ({checkpoints_dir()}/{family}-<attention>/); "
                          f"an untrained conversion is not offered (convert a preset or your own --model folder)")
-    return f"{family}-{CHECKPOINT_LABELS[attention]}"
+    return f"{family}-{CHECKPOINT_LABELS.get(attention, attention)}"
 
 
 def _converted_as(transformer, attention: str) -> bool:
