@@ -99,6 +99,9 @@ class DataConfig:
     speed: float = 2.0                      # moving-mnist pixels per frame
     static_fraction: float = 0.0            # moving-mnist: share of clips standing still, captioned without a
                                             # direction ("the digit 3"), for prompt-mode stills
+    varied_captions: float = 0.0            # moving-mnist: share of clips captioned in a wording drawn from
+                                            # many ("a 3 sliding to the left"; data/wordings.py), the rest
+                                            # "the digit 3 moves left"; 0 keeps the shipped models' template
     length: int = 100000                    # moving-mnist clips per epoch (generated on the fly)
     cache_dir: Optional[str] = None         # precomputed text embeddings / latents
     num_workers: int = 0
@@ -233,6 +236,7 @@ _RANGES = {
     "data.num_digits": (lambda v: v >= 1, "an int >= 1"),
     "data.length": (lambda v: v >= 1, "an int >= 1"),
     "data.static_fraction": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "data.varied_captions": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.num_workers": (lambda v: v >= 0, "an int >= 0 (0: load in the training process)"),
     "model.text_max_length": (lambda v: v >= 1, "an int >= 1"),
     "finetune.lora_rank": (lambda v: v >= 1, "an int >= 1"),

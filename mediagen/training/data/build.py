@@ -8,6 +8,7 @@ from .image_folder import ImageFolderDataset
 from .mnist import MNISTDataset
 from .moving_mnist import MovingMNISTDataset
 from .video_folder import VideoFolderDataset
+from .wordings import VariedCaptions
 
 
 def build_dataset(data, task: str, seed: int = 0):
@@ -23,10 +24,11 @@ def build_dataset(data, task: str, seed: int = 0):
                          f"needs data.dataset='mnist'; to fine-tune a shipped model on captioned images use "
                          f"task=text-to-image with model.pretrained=video-mhla (or video-sdpa)")
     if data.dataset == "moving-mnist":
-        return MovingMNISTDataset(resolution=data.resolution, num_frames=data.num_frames, num_digits=data.num_digits,
-                                  speed=data.speed, length=data.length, channels=data.channels, split=data.split,
-                                  seed=seed, static_fraction=data.static_fraction,
-                                  frame_buckets=data.frame_buckets, resolution_buckets=data.resolution_buckets)
+        clips = MovingMNISTDataset(resolution=data.resolution, num_frames=data.num_frames, num_digits=data.num_digits,
+                                   speed=data.speed, length=data.length, channels=data.channels, split=data.split,
+                                   seed=seed, static_fraction=data.static_fraction,
+                                   frame_buckets=data.frame_buckets, resolution_buckets=data.resolution_buckets)
+        return VariedCaptions(clips, data.varied_captions, seed) if data.varied_captions else clips
     if data.dataset == "image-folder":
         return ImageFolderDataset(data.path, resolution=data.resolution, channels=data.channels,
                                   resolution_buckets=data.resolution_buckets)
