@@ -5,9 +5,17 @@ of the attention and norms only (embeddings and FFNs stay MiniLM's, so the check
 the rest, ``slim.py``), the same cosines again, then ``OUT/text-mlra`` / ``OUT/text-hla`` (slim, fp16),
 reloaded through ``load_text_encoder`` to check them, and ``OUT/distill_text_encoders.{json,md}``.
 
-The prompt mix is the synthetic image/video corpus (``make_prompts``) plus Moving-MNIST captions
-("the digit 3 moves left", one and two digits, from the training data's own ``clip_caption``) at
-``--mmnist-weight``; a tenth of the two-digit captions is held out for evaluation.
+The prompt mix is the synthetic image/video corpus (``make_prompts``) plus Moving-MNIST captions at
+``--mmnist-weight``: the captions the video models are trained on, in the template wording ("the digit 3
+moves left", one and two digits and still clips, from the training data's own ``clip_caption``) at
+``--template-share`` of them and in the varied training wordings (``mediagen.training.data.wordings``)
+for the rest. A tenth of the two-digit template captions and every held-out wording
+(``wordings.HELD_OUT``) stay out of training, for evaluation. Besides the sentence-embedding cosines the
+summary has the mean token cosine to MiniLM on the 40 one-digit template captions, the token states the
+video models read.
+
+``--init DIR`` continues from a saved encoder (e.g. the shipped ``mediagen/checkpoints/text-mlra``)
+instead of MiniLM's calibrated initialisation.
 
 ``--time-limit`` is each encoder's wall-time budget (initialisation, evaluations, training, saving):
 training gets what is left after the rest (estimated from the first evaluation); after a few timed
@@ -16,6 +24,7 @@ once its share is spent.
 
     python -m benchmarks.distill_text_encoders --out-dir OUT --device cuda:1
     python -m benchmarks.distill_text_encoders --out-dir /tmp/te --device cpu --steps 3 --batch-size 4  # smoke
+    nice -n 10 python -m benchmarks.distill_text_encoders --out-dir OUT --device cpu --time-limit 1200
 """
 
 from __future__ import annotations
@@ -36,9 +45,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from mediagen.text.encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,
                                     load_minilm, load_minilm_tokenizer, load_text_encoder, make_prompts,
-                                    sentence_similarity)
+                                    sentence_similarity, token_similarity)
 from mediagen.text.kernels.hla import fla_available
-from mediagen.training.data.moving_mnist import DIRECTIONS, clip_caption
+from mediagen.training.data.moving_mnist import DIRECTIONS, STILL, clip_caption
+from mediagen.training.data.wordings import caption_corpus
 
 FOLDERS = {"mlra2": "text-mlra", "hla": "text-hla"}                  # what mediagen/app/models.py looks for
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -54,30 +64,63 @@ def mmnist_captions(seed: int = 0):
     return singles, pairs[cut:], pairs[:cut]
 
 
-def prompt_mix(n_general: int, weight: float, seed: int):
-    """General prompts plus Moving-MNIST captions making up ``weight`` of the list (half one-digit,
-    half two-digit, drawn with replacement); distillation samples the list uniformly."""
+def prompt_mix(n_general: int, weight: float, seed: int, template_share: float = 0.4):
+    """General prompts plus Moving-MNIST captions making up ``weight`` of the list; distillation samples
+    the list uniformly. Of the captions, ``template_share`` are template ones (drawn with replacement:
+    6 in 10 one-digit, as the shipped video models are trained, 3 in 10 two-digit, 1 in 10 still), the
+    rest varied wordings in the same shares."""
     if not 0 <= weight < 1:
         raise ValueError(f"--mmnist-weight={weight} is not allowed: use 0 <= w < 1")
+    if not 0 <= template_share <= 1:
+        raise ValueError(f"--template-share={template_share} is not allowed: use 0 <= s <= 1")
     general = make_prompts(n_general, "train", seed)
     singles, pairs, _ = mmnist_captions(seed)
+    stills = [clip_caption([d], [STILL]) for d in range(10)]
     n = round(n_general * weight / (1 - weight))
+    n_template = round(n * template_share)
     rng = random.Random(f"mix-{seed}")
-    captions = [rng.choice(singles) for _ in range(n // 2)] + [rng.choice(pairs) for _ in range(n - n // 2)]
-    return general + captions
+    captions = []
+    for _ in range(n_template):
+        pick = rng.random()
+        captions.append(rng.choice(stills if pick < 0.1 else singles if pick < 0.7 else pairs))
+    varied = caption_corpus(n - n_template, seed, two_digits=1 / 3, still=0.1)
+    return general + captions + varied
 
 
-def similarities(model, teacher, tok, evals, device) -> dict:
-    return {name: round(sentence_similarity(model, teacher, tok, prompts, device=device), 5)
-            for name, prompts in evals.items()}
+def token_evals(seed: int) -> dict:
+    """Caption sets for the token cosine: the 40 one-digit template captions (what the video models are
+    trained and scored on) and held-out wordings."""
+    singles = mmnist_captions(seed)[0]
+    return {"mmnist_1digit": singles, "heldout_wordings": caption_corpus(120, seed + 1, held_out=True)}
 
 
-def run_one(name, args, teacher, tok, prompts, evals, device) -> dict:
+def similarities(model, teacher, tok, evals, device, tokens: dict | None = None) -> dict:
+    """Sentence-embedding cosine per set of ``evals``, and with ``tokens`` the mean token cosine per set
+    of it (keys ``tokens_<set>``)."""
+    out = {name: round(sentence_similarity(model, teacher, tok, prompts, device=device), 5)
+           for name, prompts in evals.items()}
+    for name, prompts in (tokens or {}).items():
+        out[f"tokens_{name}"] = round(token_similarity(model, teacher, tok, prompts, device=device), 5)
+    return out
+
+
+def initial_student(name, args):
+    """MiniLM's calibrated initialisation, or the saved encoder ``--init`` names (same attention)."""
+    if args.init is None:
+        return encoder_from_minilm(name, calibration_prompts=args.calibration_prompts)
+    model = load_text_encoder(args.init).model
+    if model.config.attention != name:
+        raise ValueError(f"--init {args.init} holds a {model.config.attention!r} encoder, not {name!r}: "
+                         "distil one encoder at a time with --encoders")
+    return model
+
+
+def run_one(name, args, teacher, tok, prompts, evals, tokens, device) -> dict:
     t0 = time.perf_counter()
-    student = encoder_from_minilm(name, calibration_prompts=args.calibration_prompts).to(device)
+    student = initial_student(name, args).to(device)
     init_s = time.perf_counter() - t0
     t_eval = time.perf_counter()
-    before = similarities(student, teacher, tok, evals, device)
+    before = similarities(student, teacher, tok, evals, device, tokens)
     eval_s = time.perf_counter() - t_eval
     # left for training: the budget minus what is spent, one more evaluation, a reload check and saving
     budget = None
@@ -99,7 +142,7 @@ def run_one(name, args, teacher, tok, prompts, evals, device) -> dict:
     for h in history:
         print(f"[{name}] step {h['step']}: " + ", ".join(f"{k} {v:.4f}" for k, v in h.items()
                                                           if isinstance(v, float)), flush=True)
-    after = similarities(student, teacher, tok, evals, device)
+    after = similarities(student, teacher, tok, evals, device, tokens)
     print(f"[{name}] {steps} steps in {train_s:.1f}s ({steps / train_s:.2f} steps/s), "
           f"similarity after: {after}", flush=True)
     folder = Path(args.out_dir) / FOLDERS.get(name, f"text-{name}")
@@ -123,7 +166,8 @@ def markdown(summary) -> str:
     evals = list(next(iter(summary["encoders"].values()))["similarity_before"]) if summary["encoders"] else []
     lines = [f"## Distilled text encoders ({summary['device']}, torch {summary['torch']}, fla "
              f"{'yes' if summary['fla'] else 'no'}, train_only={summary['args']['train_only']})", "",
-             "Sentence-embedding cosine to MiniLM, init → distilled (" + "; ".join(
+             "Cosine to MiniLM's sentence embeddings (tokens_*: mean cosine of the token states), init → "
+             "distilled (" + "; ".join(
                  f"{e}: {summary['eval_sizes'][e]} prompts" for e in evals) + ").", "",
              "| encoder | steps | batch | train s | steps/s | wall s | " + " | ".join(evals) + " | slim folder |",
              "|---|---|---|---|---|---|" + "---|" * len(evals) + "---|"]
@@ -151,7 +195,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--train-only", default="attention", help="'attention' (slim), 'all', or a name regex")
     p.add_argument("--train-prompts", type=int, default=20000)
-    p.add_argument("--mmnist-weight", type=float, default=0.15, help="share of Moving-MNIST captions")
+    p.add_argument("--mmnist-weight", type=float, default=0.7,
+                   help="share of Moving-MNIST captions (what the video models read) in the prompt mix")
+    p.add_argument("--template-share", type=float, default=0.4,
+                   help="share of the captions in the template wording; the rest in varied wordings")
+    p.add_argument("--init", default=None,
+                   help="a saved encoder folder to continue from (default: MiniLM's calibrated initialisation)")
     p.add_argument("--heldout-prompts", type=int, default=512)
     p.add_argument("--calibration-prompts", type=int, default=256)
     p.add_argument("--save-dtype", default="fp16", choices=list(DTYPES))
@@ -175,17 +224,19 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     teacher, tok = load_minilm(device=device), load_minilm_tokenizer()
     singles, _, held_pairs = mmnist_captions(args.seed)
+    tokens = token_evals(args.seed)
     evals = {"heldout": make_prompts(args.heldout_prompts, "heldout"), "mmnist_1digit": singles,
-             "mmnist_2digit_heldout": held_pairs}
-    prompts = prompt_mix(args.train_prompts, args.mmnist_weight, args.seed)
+             "mmnist_2digit_heldout": held_pairs, "heldout_wordings": tokens["heldout_wordings"]}
+    prompts = prompt_mix(args.train_prompts, args.mmnist_weight, args.seed, args.template_share)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     summary = {"device": f"{name} ({device})", "torch": torch.__version__, "fla": fla_available(),
-               "args": vars(args), "eval_sizes": {k: len(v) for k, v in evals.items()},
+               "args": vars(args), "eval_sizes": {**{k: len(v) for k, v in evals.items()},
+                                                  **{f"tokens_{k}": len(v) for k, v in tokens.items()}},
                "train_prompts": len(prompts), "encoders": {}}
     print(f"device {summary['device']}, fla {summary['fla']}, {len(prompts)} training prompts "
-          f"({args.mmnist_weight:.0%} Moving-MNIST captions)", flush=True)
+          f"({args.mmnist_weight:.0%} Moving-MNIST captions, {args.template_share:.0%} of them template)", flush=True)
     for enc in args.encoders:
-        summary["encoders"][enc] = run_one(enc, args, teacher, tok, prompts, evals, device)
+        summary["encoders"][enc] = run_one(enc, args, teacher, tok, prompts, evals, tokens, device)
         summary["wall_s"] = round(time.perf_counter() - start, 2)
         (out / "distill_text_encoders.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["wall_s"] = round(time.perf_counter() - start, 2)

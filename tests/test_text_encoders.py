@@ -280,3 +280,43 @@ def test_the_sdpa_mask_is_built_once_per_forward_and_rebuilt_when_the_mask_chang
     masks.sdpa_mask(other, 4, False, "cpu")
     assert len(built) == 4
     assert masks.sdpa_mask(None, 4, True, "cpu") == (None, True)
+
+
+def test_token_similarity_is_one_for_minilm_itself_and_below_for_a_causal_copy(minilm, tokenizer):
+    from mediagen.text.encoders import token_similarity
+
+    prompts = ["the digit 3 moves left", "a 7 sliding to the right on a black background", "digit 0"]
+    assert token_similarity(minilm.model, minilm.model, tokenizer, prompts) == pytest.approx(1.0, abs=1e-5)
+    causal = encoder_from_minilm("sdpa")                               # MiniLM's weights, causal attention
+    sim = token_similarity(causal, minilm.model, tokenizer, prompts)
+    assert 0.3 < sim < 0.99                                            # early tokens cannot see later words
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # replayed steps
+@pytest.mark.parametrize("total", [1, 2, 3, 19, 20, 21, 40, 333])
+def test_the_learning_rate_schedule_takes_any_step_count(total):
+    from mediagen.text.encoders.distill import _one_cycle
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = _one_cycle(opt, DistillConfig(lr=1e-3), total, done=min(total - 1, 5))
+    assert 0 < opt.param_groups[0]["lr"] <= 1e-3 and sched is not None
+
+
+def test_distillation_prompts_hold_varied_wordings_and_no_held_out_one():
+    import re
+
+    from benchmarks.distill_text_encoders import mmnist_captions, prompt_mix, token_evals
+    from mediagen.training.data.wordings import HELD_OUT_MARKERS
+
+    prompts = prompt_mix(300, 0.7, seed=0, template_share=0.4)
+    general = set(make_prompts(300, "train", 0))
+    captions = [p for p in prompts if p not in general]
+    assert len(captions) == 700                                        # 70% of the mix
+    singles, pairs, held_pairs = mmnist_captions(0)
+    template = [c for c in captions if c in set(singles) | set(pairs) | {f"the digit {d}" for d in range(10)}]
+    assert 230 <= len(template) <= 330                                 # 40% of them, the rest varied
+    assert not set(captions) & set(held_pairs)
+    assert not [c for c in captions if set(re.findall(r"[a-z]+|[?;]", c.lower())) & set(HELD_OUT_MARKERS)]
+    assert len(set(captions) - set(template)) >= 350                  # varied wordings barely repeat
+    held = token_evals(0)["heldout_wordings"]
+    assert all(set(re.findall(r"[a-z]+|[?;]", c.lower())) & set(HELD_OUT_MARKERS) for c in held)

@@ -81,7 +81,10 @@ class DistillConfig:
 
 
 def _one_cycle(opt, cfg, total: int, done: int = 0):
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(total, 1), pct_start=0.05)
+    total = max(total, 1)
+    # warm-up over 5% of the steps; OneCycleLR divides by (warm-up steps - 1), zero at exactly 20 steps
+    pct = 0.05 if abs(0.05 * total - 1.0) > 1e-9 else 0.06
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total, pct_start=pct)
     for _ in range(done):                                              # resume a re-planned schedule
         sched.step()
     return sched
@@ -175,3 +178,24 @@ def sentence_similarity(student, teacher, tokenizer, prompts: list[str] | None =
         t = mean_pool(teacher(input_ids=ids, attention_mask=mask).last_hidden_state.float(), mask)
         sims.append((s * t).sum(-1))
     return torch.cat(sims).mean().item()
+
+
+@torch.no_grad()
+def token_similarity(student, teacher, tokenizer, prompts: list[str], batch_size: int = 64, max_length: int = 64,
+                     device=None) -> float:
+    """Mean cosine similarity between the student's and MiniLM's token states over the real tokens of
+    ``prompts`` (special tokens included): the states a diffusion transformer cross-attends to, where
+    the sentence embedding is only their mean. A causal student's first token sees nothing of the
+    prompt, so this stays below 1 even for a perfect student."""
+    device = torch.device(device) if device is not None else next(student.parameters()).device
+    total, count = 0.0, 0
+    for i in range(0, len(prompts), batch_size):
+        batch = tokenizer(prompts[i:i + batch_size], padding=True, truncation=True, max_length=max_length,
+                          return_tensors="pt").to(device)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        real = mask.bool()
+        s = student(ids, mask).last_hidden_state.float()[real]
+        t = teacher(input_ids=ids, attention_mask=mask).last_hidden_state.float()[real]
+        total += F.cosine_similarity(s, t, dim=-1).sum().item()
+        count += int(real.sum())
+    return total / max(count, 1)
