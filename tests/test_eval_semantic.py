@@ -1,15 +1,18 @@
 """The Moving-MNIST semantic scorer: real clips of the data generator pass, frozen / noise / blank
-clips fail, generated-looking (blocky, specked, hazy) clips still score, every input layout and
-value range gives the same verdict, and ``mediagen vbench`` reports the verdicts, an .npz of clips
-and the calibration rows."""
+clips fail, so do clips whose digit stops halfway or slides out of the canvas, at the shipped size
+and the long size (32 frames of 128x128); generated-looking (blocky, specked, hazy) clips still score;
+every input layout and value range gives the same verdict; two-digit clips get a verdict per digit and
+keep each digit on its own track where they cross; and ``mediagen vbench`` reports the verdicts, an
+.npz of clips and the calibration rows at the videos' size."""
 
 import json
 
 import numpy as np
 import pytest
 
-from mediagen.eval.moving_mnist import (as_grey_clip, calibration_rows, digit_count, motion_direction, real_clips,
-                                        score_clip, score_clips, semantic_rates)
+from mediagen.eval.moving_mnist import (as_grey_clip, calibration_rows, calibration_sizes, digit_count, leaving_clips,
+                                        motion_direction, parse_prompt, real_clips, score_clip, score_clips,
+                                        semantic_rates, stopped_clips)
 
 
 @pytest.fixture(scope="module")
@@ -92,18 +95,87 @@ def test_every_layout_and_value_range_gives_the_same_verdict(real):
         score_clip(np.linspace(0, 300, clip.size).reshape(clip.shape), prompt)
 
 
-def test_two_digit_clips_each_move_their_way():
-    videos, captions = real_clips(n_per_cell=1, num_digits=2)
-    verdicts = score_clips(videos[:20], captions[:20])
-    assert semantic_rates(verdicts)["direction"] >= 0.75
-    assert all(len(v["read"]) == 2 for v in verdicts)
+def per_direction(captions, n):
+    """Indices of the first ``n`` clips of each direction."""
+    out = []
+    for way in ("left", "right", "up", "down"):
+        out += [i for i, c in enumerate(captions) if c.endswith(way)][:n]
+    return out
+
+
+@pytest.mark.parametrize("frames, side", [(16, 64), (32, 128)])
+def test_the_motion_must_last_the_whole_clip_inside_the_canvas(frames, side):
+    """Real clips pass; the same clips held still from their middle frame, started late (the mirror of
+    that), remade to slide out of the canvas from the middle on, or cut short by blank frames fail on
+    direction, while the digit still reads right."""
+    videos, captions = real_clips(n_per_cell=1, num_frames=frames, resolution=side)
+    pick = per_direction(captions, 2)
+    videos, captions = videos[pick], [captions[i] for i in pick]
+    directions = [parse_prompt(c).directions[0] for c in captions]
+    assert semantic_rates(score_clips(videos, captions))["both"] == 1.0
+    late = stopped_clips(videos[:, ::-1])[:, ::-1]                   # still until the middle, then moving
+    gone = videos.copy()
+    gone[:, -frames // 4:] = 0                                       # the last quarter shows no digit
+    for name, clips in (("stops", stopped_clips(videos)), ("starts late", late), ("gone", gone),
+                        ("leaves", leaving_clips(videos, directions))):
+        rates = semantic_rates(score_clips(clips, captions))
+        assert rates["direction"] == 0.0 and rates["digit"] == 1.0, (name, rates)
+    # the leaving clips are right apart from leaving: same speed, the asked way, inside until near the middle
+    leave = leaving_clips(videos, directions)
+    assert all(score_clip(clip[: 3 * frames // 8], caption)["both_ok"] for clip, caption in zip(leave, captions))
+
+
+def test_two_digit_clips_get_a_verdict_per_digit():
+    videos, captions = real_clips(n_per_cell=1, num_digits=2, num_frames=32, resolution=128)
+    verdicts = score_clips(videos[:12], captions[:12])
+    assert semantic_rates(verdicts)["both"] >= 0.9
+    v = verdicts[0]
+    parsed = parse_prompt(captions[0])
+    assert [(d["digit"], d["direction"]) for d in v["per_digit"]] == list(zip(parsed.digits, parsed.directions))
+    assert all(d["shown"] and d["moved"] for d in v["per_digit"]) == v["both_ok"]
+    # the same clip asked with a digit it does not show: that digit alone fails
+    wrong = f"the digit {(parsed.digits[0] + 1) % 10} moves {parsed.directions[0]} while the digit " \
+            f"{parsed.digits[1]} moves {parsed.directions[1]}"
+    if parsed.digits[1] != (parsed.digits[0] + 1) % 10:
+        w = score_clip(videos[0], wrong)
+        assert [d["shown"] for d in w["per_digit"]] == [False, True] and w["digit_ok"] is False
+
+
+def test_two_digits_that_cross_keep_their_own_tracks():
+    """Two digits moving towards each other along one row overlap mid-clip; linking each frame's groups
+    to where each track was heading (not to where it last was) keeps them apart after they pass."""
+    from mediagen.training.data.moving_mnist import MovingMNISTDataset
+
+    class Crossing(MovingMNISTDataset):
+        def plan(self, i):
+            ks = super().plan(i)[0]
+            return ks, ["right", "left"], [50.0, 52.0], [4.0, 96.0]
+
+    data = Crossing(resolution=128, num_frames=32, num_digits=2, split="held_out", length=8, seed=4)
+    frames, digits, _ = data.render(range(4))
+    clips = np.round(frames.numpy() * 255).astype(np.uint8)
+    captions = [f"the digit {a} moves right while the digit {b} moves left" for a, b in digits]
+    verdicts = score_clips(clips, captions)
+    assert all(v["direction_ok"] for v in verdicts), [v["moved"] for v in verdicts]
+    swapped = score_clips(clips, [c.replace("right", "x").replace("left", "right").replace("x", "left")
+                                  for c in captions])
+    assert not any(v["direction_ok"] for v in swapped)
 
 
 def test_calibration_rows_meet_their_targets():
     rows = {r["row"]: r for r in calibration_rows(n_per_cell=1, two_digits=False)}
-    assert list(rows) == ["real", "static", "noise", "blank"]
+    assert list(rows) == ["real", "static", "stops halfway", "leaves the canvas", "noise", "blank"]
     assert all(r["meets_target"] for r in rows.values()), rows
     assert rows["noise"]["digit"] <= 0.25 and rows["blank"]["both"] == 0.0
+    assert {(r["frames"], r["height"], r["width"], r["digits"]) for r in rows.values()} == {(16, 64, 64, 1)}
+    with pytest.raises(ValueError, match="needs one_digit or two_digits"):
+        calibration_rows(n_per_cell=1, two_digits=False, one_digit=False)
+
+
+def test_calibration_sizes_follow_the_videos():
+    assert calibration_sizes([(32, 128, 128), (16, 64, 64), (32, 128, 128)]) == [(16, 64), (32, 128)]
+    assert calibration_sizes([(1, 64, 64)]) == [(16, 64)]             # stills: the shipped size
+    assert calibration_sizes([(48, 64, 64), (16, 64, 96)]) == [(16, 64)]  # too slow to move, not square
 
 
 def test_vbench_cli_on_an_npz_with_calibration(tmp_path, real, capsys):
@@ -117,21 +189,32 @@ def test_vbench_cli_on_an_npz_with_calibration(tmp_path, real, capsys):
     np.savez(path, videos=clips, prompts=np.array(prompts))
     out, table = tmp_path / "vbench.json", tmp_path / "table.md"
     rc = main(["vbench", "--videos", str(path), "--background-features", "pixels", "--calibrate",
-               "--calibrate-per-cell", "1", "--out", str(out), "--table", str(table), "--quiet"])
+               "--calibrate-per-cell", "1", "--calibrate-digits", "1", "--out", str(out), "--table", str(table),
+               "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert [v["direction_ok"] for v in rep["per_video"]] == [True, False]
     assert [v["digit_ok"] for v in rep["per_video"]] == [True, True]
     assert rep["semantic_rates"] == {"clips": 2, "digit": 1.0, "direction": 0.5, "both": 0.5}
     assert rep["frame_features"] == {"subject": "digit-crop", "background": "pixels"}
-    assert [r["row"] for r in rep["calibration"]] == ["real", "static", "noise", "blank", "real (two digits)"]
+    assert [r["row"] for r in rep["calibration"]] == ["real", "static", "stops halfway", "leaves the canvas",
+                                                      "noise", "blank"]
+    assert rep["video_sizes"] == [[16, 64, 64]] and rep["calibration"][0]["frames"] == 16
     text = table.read_text()
-    for row in ("these videos", "calibration: real", "calibration: static", "calibration: noise",
-                "calibration: blank"):
+    for row in ("these videos", "calibration 16x64x64: real", "calibration 16x64x64: static",
+                "calibration 16x64x64: stops halfway", "calibration 16x64x64: leaves the canvas",
+                "calibration 16x64x64: noise", "calibration 16x64x64: blank"):
         assert f"| {row} |" in text
     np.savez(tmp_path / "bad.npz", frames=clips)
     assert main(["vbench", "--videos", str(tmp_path / "bad.npz"), "--out", "", "--quiet"]) != 0
     assert "the .npz must hold an array 'videos'; it holds ['frames']" in capsys.readouterr().err
+    for size, why in (("48x64", "--calibrate-size 48x64 is not allowed: a 28-px digit has 36 px to cross in 47 "
+                                "steps, less than 1 px per frame: use at most 37 frames at 64x64"),
+                      ("32x128x96", "--calibrate-size '32x128x96' is not allowed: use auto or FRAMESxSIDE")):
+        assert main(["vbench", "--calibrate", "--calibrate-size", size, "--out", "", "--quiet"]) != 0
+        assert why in capsys.readouterr().err
+    assert main(["vbench", "--calibrate", "--calibrate-digits", "3", "--out", "", "--quiet"]) != 0
+    assert "--calibrate-digits '3' is not allowed: use 1, 2 or 1,2" in capsys.readouterr().err
 
 
 def test_subject_and_background_consistency_differ_by_default(real):

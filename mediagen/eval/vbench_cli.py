@@ -3,8 +3,10 @@ from a checkpoint, one video per prompt); prints a table and writes JSON (and th
 
 The Moving-MNIST semantic verdicts (``digit_ok`` / ``direction_ok`` / ``both_ok`` per video) and their
 rates come with every video whose prompt names digits; ``--calibrate`` adds the scorer's calibration
-rows (real / static / noise / blank clips of the data generator) to the same table and JSON, so a
-model's rates are read against what the measure gives on clips whose answer is known.
+rows (one digit: real / static / stops halfway / leaves the canvas / noise / blank clips of the data
+generator; two digits: real / static / directions swapped / one digit drawn / noise / blank) to the same
+table and JSON, at the size of the videos scored (``--calibrate-size``), so a model's rates are read
+against what the measure gives on clips of that size whose answer is known.
 
 A file of ``--videos`` that cannot be read (a cut or corrupt file, whose header may still read) stops the
 command with one line naming it; ``--bad-videos skip`` scores the others and lists it in the JSON under
@@ -41,11 +43,17 @@ def register(sub):
                    help="frame features for background consistency (same choices; default effnet-lite0). "
                         "Use different features for the two: the same ones count one score twice in Quality")
     p.add_argument("--calibrate", action="store_true",
-                   help="also score the calibration clips (real / static / noise / blank from the Moving-MNIST "
-                        "data generator, plus real two-digit clips) and report their rates beside the videos'; "
-                        "alone, without --videos or --checkpoint, only the calibration runs")
+                   help="also score the calibration clips (from the Moving-MNIST data generator: real clips and "
+                        "static / stopping / leaving / noise / blank ones, for one and two digits) and report their "
+                        "rates beside the videos'; alone, without --videos or --checkpoint, only the calibration runs")
     p.add_argument("--calibrate-per-cell", type=int, default=3,
                    help="calibration clips per digit x direction cell (default 3: 120 clips per row)")
+    p.add_argument("--calibrate-size", default="auto",
+                   help="clip sizes of the calibration rows, FRAMESxSIDE (square canvas), several joined by commas "
+                        "(e.g. 16x64,32x128); auto (default): every square size of the videos scored, else 16x64 "
+                        "(the shipped models' size)")
+    p.add_argument("--calibrate-digits", default="1,2",
+                   help="digit counts of the calibration rows: 1, 2 or 1,2 (default)")
     p.add_argument("--calibrate-seed", type=int, default=0, help="data generator seed of the calibration clips")
     p.add_argument("--inception-weights", default=None, help="local path of inception-2015-12-05.pt")
     p.add_argument("--fps", type=float, default=None,
@@ -72,6 +80,38 @@ def register(sub):
     p.add_argument("--table", default=None, help="also write the markdown table here")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
+
+
+def parse_calibrate_sizes(text: str) -> list[tuple[int, int]] | None:
+    """--calibrate-size: None for auto, else [(frames, side), ...] the generator can draw."""
+    from .moving_mnist import calibration_size_problem
+
+    if text.strip() == "auto":
+        return None
+    sizes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) == 3 and parts[1] == parts[2]:
+            parts = parts[:2]
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"--calibrate-size {text!r} is not allowed: use auto or FRAMESxSIDE sizes of a square "
+                             "canvas joined by commas, e.g. 16x64,32x128")
+        frames, side = int(parts[0]), int(parts[1])
+        problem = calibration_size_problem(frames, side)
+        if problem:
+            raise ValueError(f"--calibrate-size {item.strip()} is not allowed: {problem}")
+        sizes.append((frames, side))
+    return sizes
+
+
+def parse_calibrate_digits(text: str) -> set[int]:
+    try:
+        digits = {int(x) for x in text.split(",")}
+    except ValueError:
+        digits = set()
+    if not digits or not digits <= {1, 2}:
+        raise ValueError(f"--calibrate-digits {text!r} is not allowed: use 1, 2 or 1,2")
+    return digits
 
 
 def read_prompts(path):
@@ -143,14 +183,21 @@ def run(args) -> int:
         raise ValueError("mediagen vbench needs --videos DIR|FILE.npz, --checkpoint PATH or --calibrate")
     if args.calibrate_per_cell < 1:
         raise ValueError(f"--calibrate-per-cell={args.calibrate_per_cell} is not allowed: use 1 or more")
+    sizes = parse_calibrate_sizes(args.calibrate_size) if args.calibrate else None
+    digits = parse_calibrate_digits(args.calibrate_digits) if args.calibrate else None
     prompts = read_prompts(args.prompts) if args.prompts else None
     report = {}
     if args.videos or args.checkpoint:
         report = score_videos(args, prompts)
     if args.calibrate:
-        from .moving_mnist import calibration_rows
+        from .moving_mnist import calibration_rows, calibration_sizes
 
-        report["calibration"] = calibration_rows(args.calibrate_per_cell, args.calibrate_seed, args.device)
+        if sizes is None:
+            sizes = calibration_sizes(report.get("video_sizes", []))
+        report["calibration"] = [row for frames, side in sizes
+                                 for row in calibration_rows(args.calibrate_per_cell, args.calibrate_seed, args.device,
+                                                             two_digits=2 in digits, resolution=side,
+                                                             num_frames=frames, one_digit=1 in digits)]
     table = report_tables(report)
     print(table)
     if args.table:
@@ -221,6 +268,7 @@ def score_videos(args, prompts) -> dict:
     for name, prompt, entry in zip(names, video_prompts, report["per_video"]):
         entry["video"], entry["prompt"] = name, prompt
     report["frame_features"] = {"subject": subject_fx.name, "background": background_fx.name}
+    report["video_sizes"] = sorted({tuple(int(n) for n in v.shape[:3]) for v in videos})  # (frames, height, width)
     if skipped:
         report["skipped_videos"] = skipped
     return report

@@ -86,6 +86,11 @@ def semantic_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _size(row: dict) -> str:
+    """' FxHxW' of a calibration row that records its clip size, else ''."""
+    return f" {row['frames']}x{row['height']}x{row['width']}" if "frames" in row else ""
+
+
 def report_tables(report: dict) -> str:
     """The dimension table (when the report scored videos) and the semantic rates of the scored videos
     beside the calibration rows (when present)."""
@@ -95,7 +100,7 @@ def report_tables(report: dict) -> str:
     rows = []
     if report.get("semantic_rates"):
         rows.append({"row": "these videos", **report["semantic_rates"]})
-    rows += [{**r, "row": f"calibration: {r['row']}"} for r in report.get("calibration", [])]
+    rows += [{**r, "row": f"calibration{_size(r)}: {r['row']}"} for r in report.get("calibration", [])]
     if rows:
         parts.append(semantic_table(rows))
     return "\n\n".join(parts)

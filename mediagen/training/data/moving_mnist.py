@@ -80,9 +80,10 @@ class MovingMNISTDataset(Dataset):
     frame: a size or speed that would make it slower is refused, since a digit that barely moves (or
     stands still on some frames) does not show the motion its caption names. Positions are rounded half
     up, so a step of at least one pixel moves the digit on every frame. Digits overlap by taking the
-    brighter pixel. A fraction ``static_fraction`` of the clips stand still, captioned without a direction
-    ("the digit 3"): a model trained on them draws a still digit for a caption that names no motion
-    (prompt-mode images).
+    brighter pixel; digits that move the same way start with boxes apart (they would overlap all clip
+    long), digits moving different ways may pass each other. A fraction ``static_fraction`` of the
+    clips stand still, captioned without a direction ("the digit 3"): a model trained on them draws a
+    still digit for a caption that names no motion (prompt-mode images).
 
     ``frame_buckets`` / ``resolution_buckets`` (``clip_sizes``) give several clip sizes; clip ``i`` has
     size ``i % len(sizes)`` and ``bucket_ids`` tells the trainer's sampler to batch clips of one size
@@ -149,9 +150,10 @@ class MovingMNISTDataset(Dataset):
         still = self.static_fraction > 0 and np.random.default_rng([self.seed, i, 1]).random() < self.static_fraction
         s = self.size_index(i)
         (num_frames, resolution), step = self.sizes[s], self.steps[s]
-        free = resolution - digit_side(resolution)
+        side = digit_side(resolution)
+        free = resolution - side
         travel = step * (num_frames - 1)
-        ks, names, ys, xs = [], [], [], []
+        ks, names, ranges, ys, xs = [], [], [], [], []
         for _ in range(self.num_digits):
             k = int(rng.integers(len(self.labels)))
             name = list(DIRECTIONS)[int(rng.integers(4))]
@@ -163,8 +165,20 @@ class MovingMNISTDataset(Dataset):
             lo_x, hi_x = (travel, free) if dx < 0 else (0, free - travel if dx > 0 else free)
             ks.append(k)
             names.append(name)
+            ranges.append((lo_y, hi_y, lo_x, hi_x))
             ys.append(rng.uniform(lo_y, hi_y))
             xs.append(rng.uniform(lo_x, hi_x))
+        # digits that move the same way keep their offset for the whole clip: where their boxes overlap
+        # they are one blob from the first frame to the last and no one can tell which digit moves
+        # where, so the starts are drawn again until such digits lie apart (as far as the canvas allows;
+        # digits moving different ways only pass each other). One-digit clips draw nothing more, so they
+        # do not change.
+        for _ in range(1000):
+            if not any(names[a] == names[b] and abs(ys[a] - ys[b]) < side and abs(xs[a] - xs[b]) < side
+                       for a in range(len(names)) for b in range(a)):
+                break
+            ys = [rng.uniform(r[0], r[1]) for r in ranges]
+            xs = [rng.uniform(r[2], r[3]) for r in ranges]
         return ks, names, ys, xs
 
     def render(self, indices, device="cpu") -> tuple[torch.Tensor, list[list[int]], list[list[str]]]:
