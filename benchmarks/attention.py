@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import shlex
 import sys
 
 import torch
@@ -60,9 +61,11 @@ def main(argv=None):
     device = torch.device("cpu" if args.tiny else "cuda")
     if not args.tiny and not torch.cuda.is_available():
         ap.error("no CUDA GPU visible: run with --tiny for a CPU smoke run")
-    if args.tiny and args.json:
-        ap.error("--json records GPU runs in the package's latency file: not with --tiny")
-    dtype = torch.float32 if args.tiny else DTYPES[args.dtype]
+    if args.json and (args.tiny or args.sweep):
+        ap.error("--json records GPU runs at the shipped launch settings in the package's latency file: not with "
+                 "--tiny or --sweep")
+    dtype_name = "fp32" if args.tiny else args.dtype
+    dtype = DTYPES[dtype_name]
     default = CPU_SHAPES if args.tiny else GPU_SHAPES
     known = default if args.tiny else GPU_SHAPES + SHIPPED_SHAPES
     wanted = [w for w in args.shapes.split(",") if w]
@@ -85,7 +88,7 @@ def main(argv=None):
                 pass
     except ValueError as err:
         ap.error(f"--sweep: {err}")
-    command = f"python -m benchmarks attention {' '.join(sys.argv[1:] if argv is None else argv)}"
+    command = f"python -m benchmarks attention {shlex.join(sys.argv[1:] if argv is None else argv)}"
     rows, runs = [], []
     for shape in shapes:  # one shape at a time, so a time limit keeps the shapes already done
         for fields in sweep or [None]:
@@ -98,7 +101,7 @@ def main(argv=None):
         if args.profile:
             profile(shape, device, dtype)
         head = (f"{datetime.date.today()} · {device_name(device)} · torch {torch.__version__} · "
-                f"{dtype} · copy bandwidth {bw / 1e12:.2f} TB/s (read+write)\ncommand: {command}")
+                f"{dtype_name} · copy bandwidth {bw / 1e12:.2f} TB/s (read+write)\ncommand: {command}")
         text = head + "\n\n" + (ranked(runs, kernels, args.no_backward) if sweep else rows_table(rows))
         if args.out:
             with open(args.out, "w") as fh:

@@ -5,11 +5,11 @@ training does after it) on --batch images.
 
 Uses diffusers' stock ``DiTTransformer2DModel`` (random weights) converted by ``mediagen.convert``.
 
-    python -m benchmarks.dit_images                 # both sizes, batch 32 images (64 with CFG)
-    python -m benchmarks.dit_images --train --presets dit-xl-2-256 --batch 64   # training steps
-    python -m benchmarks.dit_images --tiny          # CPU smoke run of the whole script (with --train too)
+    python -m benchmarks dit_images                 # both sizes, batch 32 images (64 with CFG)
+    python -m benchmarks dit_images --train --presets dit-xl-2-256 --batch 64   # training steps
+    python -m benchmarks dit_images --tiny          # CPU smoke run of the whole script (with --train too)
 
-(from the repository root; also ``python -m benchmarks dit_images``)
+(from the repository root)
 """
 
 from __future__ import annotations

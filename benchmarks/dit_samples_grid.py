@@ -1,6 +1,6 @@
 """Picture grid of class-conditional digit samples, one band of rows per model (docs/RESULTS.md).
 
-    python benchmarks/dit_samples_grid.py --out docs/images/dit-mnist-samples.png \
+    python -m benchmarks dit_samples_grid --out docs/images/dit-mnist-samples.png \
         sdpa=runs/eval/samples-dit-sdpa.npz "mhla + CPE"=runs/eval/samples-dit-mhla-cpe.npz ...
 
 Each .npz is what ``mediagen fid --save-samples`` writes (uint8 images, key "images"), sampled with

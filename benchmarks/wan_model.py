@@ -7,11 +7,11 @@ the plain MHLA layers see no token positions at all, since Wan's only position s
 Uses diffusers' stock ``WanTransformer3DModel`` (random weights) converted by ``mediagen.convert``.
 Prints markdown tables (append them to benchmarks/RESULTS.md).
 
-    python -m benchmarks.wan_model                               # 81 frames 480x832, then 720x1280
-    python -m benchmarks.wan_model --sizes 81x480x832 --modes eager --skip-layer
-    python -m benchmarks.wan_model --tiny                        # CPU smoke run of the whole script
+    python -m benchmarks wan_model                               # 81 frames 480x832, then 720x1280
+    python -m benchmarks wan_model --sizes 81x480x832 --modes eager --skip-layer
+    python -m benchmarks wan_model --tiny                        # CPU smoke run of the whole script
 
-(from the repository root; also ``python -m benchmarks wan_model``)
+(from the repository root)
 """
 
 from __future__ import annotations
