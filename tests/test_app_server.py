@@ -47,8 +47,11 @@ def tiny_models(root: Path) -> ModelSet:
     trained.save_pretrained(root / "video-mhla")
     (root / "video-mhla" / "card.json").write_text(json.dumps(CARD))
     calib = {"calibration_prompts": 8}
-    return ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla", "linear")),
+    # the defaults the shipped cards name (default_for): mhla for every task
+    return ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla", "linear"),
+                                      defaults={"class-to-image": "mhla"}),
                     video=ModelSource(wan, trained={"mhla": str(root / "video-mhla")}, untrained=("sdpa",),
+                                      defaults={"text-to-video": "mhla", "text-to-image": "mhla"},
                                       size={"frames": 3, "height": 8, "width": 8}),
                     text_encoders={"FlashAttention": "minilm", "MLRA": "minilm-mlra2", "HLA": "minilm-hla"},
                     text_encoder_options={"MLRA": calib, "HLA": calib})

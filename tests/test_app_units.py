@@ -70,16 +70,22 @@ def test_compare_plan_puts_the_reference_first_and_dedupes():
 
 
 def test_default_models_pick_up_shipped_checkpoints(tmp_path):
+    import json
+
     fresh = models.default_models(tmp_path)
     assert fresh.image.base == "dit-mnist" and fresh.video.base == "wan-mmnist" and not fresh.image.trained
     assert fresh.text_encoders == {"FlashAttention": "minilm", "MLRA": "minilm-mlra2", "HLA": "minilm-hla"}
     for folder in ("image-mhla", "video-sdpa", "text-hla"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "config.json").write_text("{}")
+    (tmp_path / "image-mhla" / "card.json").write_text(json.dumps({"default_for": ["class-to-image"]}))
     shipped = models.default_models(tmp_path)
     assert shipped.image.trained == {"mhla": str(tmp_path / "image-mhla")}
     assert shipped.video.trained == {"sdpa": str(tmp_path / "video-sdpa")}
     assert shipped.text_encoders["HLA"] == str(tmp_path / "text-hla")
+    assert shipped.image.defaults == {"class-to-image": "mhla"} and shipped.video.defaults == {}
+    assert models.default_models().image.defaults == {"class-to-image": "mhla"}     # the shipped cards
+    assert models.default_models().video.defaults == {"text-to-video": "mhla", "text-to-image": "mhla"}
 
 
 def test_digit_scores_recognise_real_digits():
@@ -438,27 +444,36 @@ def test_video_scores_measure_subject_and_background_apart():
     assert real["subject_consistency"] > noise["subject_consistency"] + 0.05
 
 
-def test_each_tab_starts_on_the_attention_whose_model_does_its_task_best(tmp_path):
-    """Class-conditional images, videos and prompt-mode images start on mhla (mediagen.app.ui.FIRST_CHOICE
-    says why), also after the Image tab's mode changes. Both offered in both families here."""
+def test_each_tab_starts_on_the_default_its_cards_name(tmp_path):
+    """Every tab starts on the attention of the checkpoint whose card names the task in default_for
+    (ModelSource.defaults; the shipped cards: image-mhla, video-mhla), also after the Image tab's mode changes;
+    a task no card names starts on the first attention offered."""
     from mediagen.app.handlers import MediagenApp
     from mediagen.app.limits import Limits
     from mediagen.app.models import ModelSet, ModelSource
     from mediagen.app.ui import build_demo
 
-    models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla")),
-                      video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), size={"frames": 3, "height": 8, "width": 8}),
-                      text_encoders={"FlashAttention": "minilm"})
-    app = MediagenApp(models, Limits(max_side=32, max_frames=5, max_steps=4, max_batch=2), device="cpu",
-                      output_dir=tmp_path / "out")
-    demo = build_demo(app)
-    radios = [c for c in demo.blocks.values() if getattr(c, "label", None) == "attention"]
-    assert [sorted(r.choices) for r in radios] == [sorted([("sdpa", "sdpa"), ("mhla", "mhla")])] * 2
-    assert [r.value for r in radios] == ["mhla", "mhla"]        # the Image tab, then the Video tab
-    fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
-    on_mode = next(f.fn for f in fns if getattr(f.fn, "__name__", "") == "on_mode")
-    assert on_mode("prompt", False)[0]["value"] == "mhla"            # switching the Image tab's mode
-    assert on_mode("class", False)[0]["value"] == "mhla"
+    def pages(video_defaults):
+        models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa", "mhla"),
+                                            defaults={"class-to-image": "mhla"}),
+                          video=ModelSource("wan-tiny", untrained=("sdpa", "mhla"), defaults=video_defaults,
+                                            size={"frames": 3, "height": 8, "width": 8}),
+                          text_encoders={"FlashAttention": "minilm"})
+        app = MediagenApp(models, Limits(max_side=32, max_frames=5, max_steps=4, max_batch=2), device="cpu",
+                          output_dir=tmp_path / "out")
+        demo = build_demo(app)
+        radios = [c for c in demo.blocks.values() if getattr(c, "label", None) == "attention"]
+        assert [sorted(r.choices) for r in radios] == [sorted([("sdpa", "sdpa"), ("mhla", "mhla")])] * 2
+        fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
+        on_mode = next(f.fn for f in fns if getattr(f.fn, "__name__", "") == "on_mode")
+        configs = next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "compare-configs")
+        # the Image tab, then the Video tab; the Image tab switched to prompt mode and back; Compare's pick
+        return ([r.value for r in radios], on_mode("prompt", False)[0]["value"], on_mode("class", False)[0]["value"],
+                configs.value)
+
+    assert pages({"text-to-video": "mhla", "text-to-image": "mhla"}) == (["mhla", "mhla"], "mhla", "mhla",
+                                                                        ["mhla · FlashAttention"])
+    assert pages({"text-to-image": "sdpa"}) == (["mhla", "sdpa"], "sdpa", "mhla", [])
 
 
 def test_a_prompt_mode_still_starts_at_more_steps_than_a_clip(tmp_path, monkeypatch):

@@ -96,9 +96,9 @@ def test_the_default_video_model_moves_the_digit_the_asked_way():
     by the caption check in the test above: four clips are too few to tell it by sampling). The default
     only: sampling costs about 50 s a model on a 2-core CPU."""
     from mediagen.eval.moving_mnist import score_clips
-    from mediagen.pipelines.generate_cli import DEFAULT_VIDEO_MODEL
+    from mediagen.pipelines.catalog import default_checkpoint
 
-    name = DEFAULT_VIDEO_MODEL
+    name = default_checkpoint("text-to-video")
     pipe = build_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
     prompts = [f"the digit 3 moves {d}" for d in ("left", "right", "up", "down")]
@@ -116,16 +116,17 @@ def test_the_default_prompt_mode_model_draws_the_asked_digit():
     Four digits, about 50 s on a 2-core CPU."""
     from mediagen.eval.moving_mnist import score_clips
     from mediagen.pipelines import TextToImagePipeline
-    from mediagen.pipelines.generate_cli import DEFAULT_STILL_MODEL
+    from mediagen.pipelines.catalog import default_checkpoint
 
-    pipe = build_pipeline(DEFAULT_STILL_MODEL)
+    name = default_checkpoint("text-to-image")
+    pipe = build_pipeline(name)
     still = TextToImagePipeline(**pipe.components)
     still.set_progress_bar_config(disable=True)
     prompts = [f"the digit {d}" for d in (0, 3, 5, 9)]
     images = still(prompt=prompts, num_inference_steps=8, guidance_scale=4.0, num_frames=16, output_type="np",
                    generator=torch.Generator().manual_seed(0)).images
     verdicts = score_clips(np.asarray(images, np.float32).mean(-1)[:, None], prompts)
-    assert sum(v["digit_ok"] for v in verdicts) >= 3, (DEFAULT_STILL_MODEL, [v["read"] for v in verdicts])
+    assert sum(v["digit_ok"] for v in verdicts) >= 3, (name, [v["read"] for v in verdicts])
 
 
 @pytest.mark.parametrize("name", ["text-mlra", "text-hla"])

@@ -1,73 +1,42 @@
 """Which models the app serves, what each one is, and a cache that loads each one once.
 
-``default_models()`` is the one place that decides what the app runs: the shipped checkpoints
-(docs/RESULTS.md), picked up from a folder (``MEDIAGEN_CHECKPOINTS``, default ``mediagen/checkpoints``)
-laid out as
+``default_models()`` builds what the app runs from the shipped checkpoints as ``pipelines.catalog`` resolves
+them (the folders under ``MEDIAGEN_CHECKPOINTS``, default ``mediagen/checkpoints``, and their card.json;
+docs/RESULTS.md): an attention is on offer for a family exactly when the family has a checkpoint of it, a
+family with no checkpoint at all falls back to its preset (``dit-mnist``, ``wan-mmnist``) with random
+weights, sdpa only, and says so in its info line, and each task starts on the checkpoint whose card names
+it in "default_for". Model sets built by hand (tests, experiments) may list attentions to serve untrained
+in ``ModelSource.untrained``; their info lines say "untrained" too. Text encoders: the real
+all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and the MLRA / HLA encoders distilled from it
+(``text-mlra/``, ``text-hla/``; initialised from MiniLM otherwise).
 
-    image-<attention>/    a class-conditional pipeline or transformer trained with that attention
-    video-<attention>/    a text-to-video pipeline or transformer (text-to-image = one frame)
-    text-mlra/, text-hla/ saved ``PromptEncoder`` folders      (<attention>: a label of ``attention_labels()``)
-
-Only trained models are offered: an attention is on offer for a family exactly when its
-``<family>-<attention>/`` checkpoint exists (an untrained conversion of the sdpa weights gives blank
-grids, so it is never offered silently). A family with no checkpoint at all (a checkout without
-them) falls back to its preset (``dit-mnist``, ``wan-mmnist``) with random weights, sdpa only, and
-says so in its info line. Model sets built by hand (tests, experiments) may list attentions to
-serve untrained in ``ModelSource.untrained``; their info lines say "untrained" too. Text encoders:
-the real all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and the MLRA / HLA encoders
-distilled from it (``text-mlra/``, ``text-hla/``; initialised from MiniLM otherwise).
-
-Model card: a checkpoint folder may hold ``card.json``, read for the info line shown under the
-attention choice. Every key is optional:
-
-    {
-      "trained_steps": 40000,            optimizer steps (int)
-      "clips_seen": 2560000,             training samples seen: clips for video, "images_seen" for images
-      "images_seen": 1280000,
-      "scores": {"digit_ok": 0.91,       name -> number, measured on this checkpoint as shipped
-                 "direction_ok": 0.84},
-      "measured_on": "512 clips, 20 steps, seed 0",   what the scores were measured on (one line)
-      "note": "one line shown as is"
-    }
-
-The info line is one line (name, training steps, scores; "scores: not measured" without a card or
-without "scores"); the samples seen, "measured_on" and "note" open under it on a click.
+The info line under the attention choice is the checkpoint's card in one line (``catalog.card_line``:
+name, training steps, scores; "scores: not measured" without a card or without "scores"); the samples
+seen, "measured_on" and "note" open under it on a click.
 """
 
 from __future__ import annotations
 
 import copy
 import html
-import json
-import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..models.attention_spec import attention_choices, uses_blocks
-from ..pipelines.names import CHECKPOINT_LABELS
-from ..pipelines.shipping import checkpoints_dir
+from ..models.attention_spec import uses_blocks
+from ..pipelines import catalog
+from ..pipelines.catalog import attention_labels, read_card
 
-# The page lists the softmax baseline first, then MHLA, then the other attentions in the registry's order.
-# Only the order is chosen here: the names come from the registry and the labels from the shipped folders.
-_SHOWN_FIRST = ("sdpa", "mhla")
-
-
-def attention_labels() -> dict[str, str]:
-    """App label (the <attention> of a <family>-<attention>/ folder: the name, or a pattern's label) ->
-    ``mediagen.convert`` name, in the page's order; read from the registry on each call."""
-    order = sorted(attention_choices(), key=lambda n: _SHOWN_FIRST.index(n) if n in _SHOWN_FIRST else len(_SHOWN_FIRST))
-    return {CHECKPOINT_LABELS.get(name, name): name for name in order}
+TEXT_ENCODERS = tuple(catalog.TEXT_ENCODERS)
+FAMILIES = tuple(catalog.FAMILIES)  # image: class-conditional DiT; video: Wan-style text-to-video
 
 
 def __getattr__(name):
-    if name == "ATTENTIONS":  # the labels as a mapping, as the registry has them now
+    if name == "ATTENTIONS":  # label -> mediagen.convert name, as the registry has them now
         return attention_labels()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-TEXT_ENCODERS = ("FlashAttention", "MLRA", "HLA")
-FAMILIES = ("image", "video")  # image: class-conditional DiT; video: Wan-style text-to-video
 
 
 @dataclass
@@ -79,9 +48,10 @@ class ModelSource:
     trained: dict[str, str] = field(default_factory=dict)
     size: dict = field(default_factory=dict)
     untrained: tuple[str, ...] = ()    # attentions served without training (converted from base)
+    defaults: dict[str, str] = field(default_factory=dict)   # task -> the label it starts on (the cards')
 
     def offered(self) -> list[str]:
-        """Attention labels on offer, in ``attention_labels()`` order: the trained ones, then any listed untrained."""
+        """Attention labels on offer, in ``attention_labels()`` order: the trained ones and any listed untrained."""
         return [a for a in attention_labels() if a in self.trained or a in self.untrained]
 
 
@@ -97,6 +67,13 @@ class ModelSet:
             raise ValueError(f"model family {family!r} is not known: use one of {FAMILIES}")
         return self.image if family == "image" else self.video
 
+    def first_choice(self, task: str) -> str:
+        """The attention a tab starts on for ``task``: the default its family's cards name, else the first
+        one offered."""
+        src = self.source(catalog.family_for_task(task).name)
+        offered = src.offered()
+        return src.defaults[task] if src.defaults.get(task) in offered else offered[0]
+
     def check_attention(self, family: str, attention, field_name: str = "attention") -> str:
         """``attention`` if the family offers it, else a one-line ValueError naming the field, the value
         and what is allowed."""
@@ -108,34 +85,6 @@ class ModelSet:
             raise ValueError(f"{field_name}={attention!r} is not allowed for the {what} model{why}: "
                              f"choose one of {offered}")
         return attention
-
-
-def read_card(folder) -> dict:
-    """The checkpoint's ``card.json`` (module docstring) as a dict; {} when absent. A card that is
-    not a JSON object comes back as {"error": ...} so the info line can say so."""
-    path = Path(folder) / "card.json"
-    if not path.is_file():
-        return {}
-    try:
-        card = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        return {"error": f"card.json unreadable ({err})"}
-    return card if isinstance(card, dict) else {"error": "card.json is not a JSON object"}
-
-
-def _count(value) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return str(value)
-    return f"{value:,.0f}"
-
-
-def _score(value) -> str:
-    """A card's score as shown: four significant digits; a float keeps its point (a rate of 1.0 reads
-    "1.0", not the count "1")."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        text = f"{value:.4g}"
-        return text + ".0" if isinstance(value, float) and text.lstrip("-").isdigit() else text
-    return str(value)
 
 
 def model_name(models: "ModelSet", family: str, attention: str) -> str:
@@ -156,41 +105,13 @@ def model_info(models: "ModelSet", family: str, attention: str) -> str:
     if attention not in src.trained:
         source = "converted from the sdpa checkpoint" if "sdpa" in src.trained else "random weights"
         return f"{name}: untrained ({source}), outputs are not meaningful; scores: not measured"
-    return f"{name}: {_card_line(read_card(src.trained[attention]))}"
+    return f"{name}: {catalog.card_line(read_card(src.trained[attention]))}"
 
 
 def model_details(models: "ModelSet", family: str, attention: str) -> str:
     """The model card beyond its one line (markdown bullets), "" when there is nothing more."""
     src = models.source(family)
-    return _card_details(read_card(src.trained[attention])) if attention in src.trained else ""
-
-
-def _card_line(card: dict) -> str:
-    """What a model card says in one line: "11,223 training steps; digit 0.965, direction 1.0"."""
-    if "error" in card:
-        return f"trained; {card['error']}; scores: not measured"
-    steps = (f"{_count(card['trained_steps'])} training steps" if "trained_steps" in card
-             else "trained (steps not recorded)")
-    scores = card.get("scores")
-    if isinstance(scores, dict) and scores:
-        return f"{steps}; " + ", ".join(f"{k} {_score(v)}" for k, v in scores.items())
-    return f"{steps}; scores: not measured"
-
-
-def _card_details(card: dict) -> str:
-    """The rest of a card, as markdown bullets: samples seen, what the scores were measured on, the note."""
-    if "error" in card:
-        return ""
-    lines = []
-    seen = [f"{_count(card[key])} {noun} seen" for key, noun in (("clips_seen", "clips"), ("images_seen", "images"))
-            if key in card]
-    if seen:
-        lines.append("training: " + ", ".join(seen))
-    if card.get("measured_on") and isinstance(card.get("scores"), dict) and card["scores"]:
-        lines.append(f"scores measured on: {card['measured_on']}")
-    if card.get("note"):
-        lines.append(str(card["note"]))
-    return "\n".join(f"- {line}" for line in lines)
+    return catalog.card_details(read_card(src.trained[attention])) if attention in src.trained else ""
 
 
 def info_markdown(line: str, details: str = "") -> str:
@@ -216,7 +137,7 @@ def encoder_info(models: "ModelSet", label: str) -> str:
     if not (Path(name) / "config.json").is_file():
         return (f"{label}: all-MiniLM-L6-v2's weights in {label} attention layers, not distilled ({name}): the "
                 "video models do not read its states as they were trained to; scores: not measured")
-    return f"{label} ({Path(name).name}): {_card_line(read_card(name))}"
+    return f"{label} ({Path(name).name}): {catalog.card_line(read_card(name))}"
 
 
 def encoder_details(models: "ModelSet", label: str) -> str:
@@ -224,44 +145,32 @@ def encoder_details(models: "ModelSet", label: str) -> str:
     name = models.text_encoders.get(label)
     if name is None or name == "minilm" or not (Path(name) / "config.json").is_file():
         return ""
-    return _card_details(read_card(name))
+    return catalog.card_details(read_card(name))
 
 
 def describe_models(models: "ModelSet") -> str:
     """The served checkpoints by name, for the page's intro."""
     parts = []
-    for family, what in (("image", "class-conditional digits"), ("video", "text-to-video, and text-to-image as one frame")):
+    for family in FAMILIES:
         names = [model_name(models, family, a) for a in models.source(family).offered()]
-        parts.append(f"{', '.join(names) or 'none'} ({what})")
+        parts.append(f"{', '.join(names) or 'none'} ({catalog.family(family).what})")
     return "; ".join(parts)
 
 
-def _trained(root: Path, family: str) -> dict[str, str]:
-    found = {}
-    for label in attention_labels():
-        folder = root / f"{family}-{label}"
-        if (folder / "model_index.json").is_file() or (folder / "config.json").is_file():
-            found[label] = str(folder)
-    return found
-
-
 def default_models(root: str | Path | None = None) -> ModelSet:
-    """The models the app serves: shipped checkpoints where present, small presets otherwise."""
+    """The models the app serves: shipped checkpoints where present, small presets otherwise (``catalog``)."""
     from ..models.presets import PRESETS
 
-    root = Path(root) if root is not None else checkpoints_dir()
-    video = PRESETS["wan-mmnist"]
-    encoders = {"FlashAttention": "minilm", "MLRA": "minilm-mlra2", "HLA": "minilm-hla"}
-    for label, short in (("MLRA", "mlra"), ("HLA", "hla")):
-        if (root / f"text-{short}" / "config.json").is_file():
-            encoders[label] = str(root / f"text-{short}")
-    image, clips = _trained(root, "image"), _trained(root, "video")
-    # a family without any checkpoint: its preset, sdpa only, labelled untrained (see the docstring)
-    return ModelSet(
-        image=ModelSource("dit-mnist", image, untrained=() if image else ("sdpa",)),
-        video=ModelSource("wan-mmnist", clips, size={k: video[k] for k in ("frames", "height", "width")},
-                          untrained=() if clips else ("sdpa",)),
-        text_encoders=encoders)
+    def source(family: str, **extra) -> ModelSource:
+        trained = {label: str(folder) for label, folder in catalog.checkpoints(family, root).items()}
+        # a family without any checkpoint: its preset, sdpa only, labelled untrained (module docstring)
+        return ModelSource(catalog.family(family).preset, trained, untrained=() if trained else ("sdpa",),
+                           defaults=catalog.defaults(family, root), **extra)
+
+    video = PRESETS[catalog.family("video").preset]
+    return ModelSet(image=source("image"),
+                    video=source("video", size={k: video[k] for k in ("frames", "height", "width")}),
+                    text_encoders=catalog.text_encoders(root))
 
 
 def default_device() -> torch.device:
@@ -299,7 +208,7 @@ class ModelCache:
         from ..pipelines.schedulers import make_scheduler
 
         src = self.models.source(family)
-        task = "class-to-image" if family == "image" else "text-to-video"
+        task = catalog.family(family).tasks[0]
         base = src.trained.get("sdpa", src.base)
         if isinstance(base, dict):
             torch.manual_seed(0)

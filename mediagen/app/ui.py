@@ -2,7 +2,8 @@
 ``MediagenApp`` (api names: generate_image, generate_video, compare, benchmarks).
 
 Choices follow the models: an attention is listed for a family only when the app offers it
-(``models.py``: trained checkpoints), and the model picked says what it is in an info line. Inputs
+(``models.py``: trained checkpoints), each task starts on the checkpoint its card names the default
+(``pipelines/catalog.py``), and the model picked says what it is in an info line. Inputs
 are ``fields.Raw*`` components, so every value reaches the handler's named checks.
 
 A run's progress, and its error when it fails, show on the tab's status line under its button, not on
@@ -83,22 +84,17 @@ def _prompt_box(app: MediagenApp, value: str, label: str, **kwargs):
     return gr.Textbox(value=value, label=label, max_length=app.limits.max_prompt_chars, **kwargs)
 
 
-# The attention picked first per task, from the shipped models' scores (docs/RESULTS.md). Class-conditional
-# images: mhla (image-mhla's FID is below the softmax model's). Videos: mhla (the toolkit's own attention;
-# the asked digit moving the asked way in 0.965 of 400 clips, video-sdpa 0.955). Prompt-mode images, the middle
-# frame of a still clip: mhla, the toolkit's own attention; at 16 steps its stills show the asked digit in 0.92
-# of 300, sdpa's in 0.95.
-FIRST_CHOICE = {"class": "mhla", "prompt": "mhla", "video": "mhla"}
+# the task each page mode draws: its attention choice starts on that task's default (the checkpoints' cards)
+MODE_TASKS = {"class": "class-to-image", "prompt": "text-to-image", "video": "text-to-video"}
 
 
-def _first_choice(task: str, offered) -> str:
-    first = FIRST_CHOICE[task]
-    return first if first in offered else offered[0]
+def _first_choice(app: MediagenApp, mode: str) -> str:
+    return app.cache.models.first_choice(MODE_TASKS[mode])
 
 
 def _attention_radio(app: MediagenApp, d: dict, family: str):
     offered = d["offered"][family]
-    value = _first_choice("class" if family == "image" else "video", offered)
+    value = _first_choice(app, "class" if family == "image" else "video")
     radio = RawRadio(offered, value=value, label="attention", info="only trained checkpoints are offered")
     info = gr.Markdown(app.info(family, value))
     return radio, info
@@ -135,7 +131,7 @@ def _image_tab(app: MediagenApp, d: dict):
     def on_mode(mode_value, steps_typed):
         family = "image" if mode_value == "class" else "video"
         offered = d["offered"][family]
-        value = _first_choice(mode_value, offered)  # another mode draws with another model
+        value = _first_choice(app, mode_value)  # another mode draws with another model
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
                 *(gr.update(visible=prompt_mode) for _ in range(6)),
@@ -197,7 +193,9 @@ def _compare_tab(app: MediagenApp, d: dict):
     lim = app.limits
     first = "text-to-video"
     choices = compare_choices(d, first)
-    default = [c for c in choices if c.startswith("mhla")][:1]
+    # the task's default attention (with the first text encoder) beside the reference, which always runs
+    label = config_label(app.cache.models.first_choice(first), d["text_encoders"][0])
+    default = [label] if label in choices and label != config_label(*REFERENCE) else []
     shown = compare_visibility(first)
     gr.Markdown(COMPARE_NOTE.format(reference=config_label(*REFERENCE)))
     with gr.Row():

@@ -1,15 +1,16 @@
 """``mediagen generate``: one image or video from a preset (random weights) or a saved folder.
 
-    mediagen generate --class-label 3 --steps 20 --out digit.png      (the shipped MNIST MHLA model)
-    mediagen generate --task text-to-video --prompt "the digit 7 moves left" --out clip.mp4   (video-sdpa)
+    mediagen generate --class-label 3 --steps 20 --out digit.png      (the default shipped digit model)
+    mediagen generate --task text-to-video --prompt "the digit 7 moves left" --out clip.mp4   (the default video model)
     mediagen generate --model ckpt/ --task text-to-image --prompt "a seven" --out seven.png
     mediagen generate --device cuda --runtime cuda-graphs --class-label 3 --out digit.png   (compiled loop)
 
 Prints the path of every file written.
 
-Shipped checkpoints are used as trained: with a shipped model (the default, or ``--model video-sdpa``),
-``--attention`` picks the shipped checkpoint of the same family trained with that attention, and an
-attention without one is refused (an untrained conversion of a trained model gives blank outputs).
+Shipped checkpoints are used as trained (``catalog`` resolves them): with a shipped model (the default for
+the task, the one whose card.json names it, or ``--model video-sdpa``), ``--attention`` picks the shipped
+checkpoint of the same family trained with that attention, and an attention without one is refused (an
+untrained conversion of a trained model gives blank outputs).
 Presets and your own folders may be converted to any attention (``--attention``); a note on stderr
 says the result is untrained.
 """
@@ -22,11 +23,10 @@ from pathlib import Path
 import torch
 
 from ..models.attention_spec import attention_choices
-from .names import CHECKPOINT_LABELS, RUNTIMES, SCHEDULERS
+from .names import RUNTIMES, SCHEDULERS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
-SHIPPED_FAMILIES = ("image", "video")
 
 
 def _ints(text: str) -> list[int]:
@@ -39,10 +39,9 @@ def _ints(text: str) -> list[int]:
 def register(sub):
     p = sub.add_parser("generate", help="generate an image or a video (PNG / MP4 / GIF) and print its path")
     p.add_argument("--model", default=None,
-                   help="a shipped checkpoint (image-mhla, image-sdpa, image-linear, video-mhla, video-sdpa), a "
-                        "preset name (random weights) or a saved folder (default: image-mhla; video-sdpa for --task "
-                        "text-to-video, video-mhla for text-to-image; the dit-mnist / wan-mmnist preset when not "
-                        "shipped)")
+                   help="a shipped checkpoint (a folder name in mediagen/checkpoints, e.g. image-mhla or video-sdpa), "
+                        "a preset name (random weights) or a saved folder (default: the shipped checkpoint whose "
+                        "card.json names the task in default_for; the dit-mnist / wan-mmnist preset when none does)")
     p.add_argument("--task", choices=TASKS, default=None, help="default: what the model is for")
     p.add_argument("--prompt", default=None, help="text prompt (text-to-image / text-to-video)")
     p.add_argument("--negative-prompt", default=None)
@@ -74,49 +73,27 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-# The default per task follows the shipped models' scores (docs/RESULTS.md): image-mhla (MHLA + a depthwise
-# positional conv, FID below the softmax model's); for videos video-mhla (the asked digit moving the asked way
-# in 0.965 of 400 clips, video-sdpa 0.955); for prompt-mode images video-mhla too, the toolkit's attention
-# (stills at 16 steps show the asked digit in 0.92 of 300, video-sdpa's in 0.95).
-DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL, DEFAULT_STILL_MODEL = "image-mhla", "video-mhla", "video-mhla"
-
-
 def _default_model(task: str | None) -> str:
-    """The shipped default for the task (text tasks: the video model, one frame for an image),
-    else its preset with random weights."""
-    from .shipping import shipped_checkpoint
+    """The shipped default for the task (no task: class-to-image), the checkpoint whose card names it, else the
+    family's preset with random weights."""
+    from .catalog import default_checkpoint, family_for_task
 
-    shipped, preset = {"text-to-video": (DEFAULT_VIDEO_MODEL, "wan-mmnist"),
-                       "text-to-image": (DEFAULT_STILL_MODEL, "wan-mmnist")}.get(task, (DEFAULT_IMAGE_MODEL, "dit-mnist"))
-    return shipped if shipped_checkpoint(shipped) is not None else preset
-
-
-def _shipped_family(model: str) -> str | None:
-    """"video" for a shipped checkpoint name such as "video-mhla"; None for presets and folders."""
-    from .shipping import shipped_checkpoint
-
-    family = model.split("-", 1)[0]
-    return family if family in SHIPPED_FAMILIES and shipped_checkpoint(model) is not None else None
-
-
-def _trained_attentions(family: str) -> list[str]:
-    """Convert names of the attentions with a shipped ``<family>-<attention>`` checkpoint."""
-    from .shipping import shipped_checkpoint
-
-    return [a for a in attention_choices() if shipped_checkpoint(f"{family}-{CHECKPOINT_LABELS.get(a, a)}") is not None]
+    task = task or TASKS[0]
+    return default_checkpoint(task) or family_for_task(task).preset
 
 
 def _shipped_with(model: str, attention: str) -> str:
     """The shipped checkpoint of ``model``'s family trained with ``attention``; refused when none is."""
+    from .catalog import family_of, label_of, trained_attentions
     from .shipping import checkpoints_dir
 
-    family = model.split("-", 1)[0]
-    trained = _trained_attentions(family)
+    family = family_of(model)
+    trained = trained_attentions(family)
     if attention not in trained:
         raise ValueError(f"--attention {attention} is not allowed with the shipped {family} models: trained "
                          f"checkpoints exist for {', '.join(trained)} ({checkpoints_dir()}/{family}-<attention>/); "
                          f"an untrained conversion is not offered (convert a preset or your own --model folder)")
-    return f"{family}-{CHECKPOINT_LABELS.get(attention, attention)}"
+    return f"{family}-{label_of(attention)}"
 
 
 def _converted_as(transformer, attention: str) -> bool:
@@ -154,6 +131,7 @@ def run(args) -> int:
     from ..models.convert import convert
     from ..models.presets import PRESETS
     from .building import build_pipeline, task_of, token_grid
+    from .catalog import family_of
     from .export import save_media
 
     device = torch.device(args.device)
@@ -167,7 +145,7 @@ def run(args) -> int:
         _check_out(Path(args.out), args.task)
     if args.model is None:
         args.model = _default_model(args.task)
-    if _shipped_family(args.model) and args.attention is not None:
+    if family_of(args.model) and args.attention is not None:
         if args.blocks:
             raise ValueError(f"--blocks {args.blocks!r} is not allowed with a shipped checkpoint ({args.model}): it "
                              f"runs with its trained blocks (fitted to smaller grids); --blocks is for conversions")
@@ -185,7 +163,7 @@ def run(args) -> int:
     if task == "text-to-image":
         # a still from a clip model is the middle frame of a clip of its trained length (--frames 1: a
         # one-frame grid); a model trained on images draws one frame
-        frames = args.frames or (frames if _shipped_family(args.model) == "video" or preset is not None else 1)
+        frames = args.frames or (frames if family_of(args.model) == "video" or preset is not None else 1)
     if args.attention is None and preset is not None:
         args.attention = "sdpa"
     if args.attention is not None and not args.blocks and _converted_as(pipe.transformer, args.attention):
