@@ -112,7 +112,7 @@ def _launch(shape, strides, g3, k3, has_bias) -> CachedLaunch:
     B, N, C = shape
     (sob, son), (svb, svn) = strides
     # 16 tokens x 64 channels, 2 warps: the best over image-mhla's B = 2 and 128 and video-mhla's B = 2 together
-    # (benchmarks.sweep_cpe, H200, bf16: 2.34 / 16.51 / 2.59 us against 3.20 / 22.63 / 2.80 at 32 x 128, 4 warps)
+    # (H200, bf16: 2.34 / 16.51 / 2.59 us against 3.20 / 22.63 / 2.80 at 32 x 128, 4 warps; benchmarks/RESULTS.md)
     BT, BC = 16, min(64, max(16, triton.next_power_of_2(C)))
     return CachedLaunch((triton.cdiv(N, BT), triton.cdiv(C, BC), B), (N, C, g3[1], g3[2], sob, son, svb, svn),
                         dict(K0=k3[0], K1=k3[1], K2=k3[2], HAS_BIAS=has_bias, BT=BT, BC=BC, num_warps=2))

@@ -3,7 +3,7 @@
 ``kernel[grid](*args, **consts)`` (Triton's JIT dispatch) binds every argument, works out each one's
 specialisation and the cache key, looks the compiled kernel up, and only then calls its launcher. At the
 small shapes where a kernel runs for a few µs (DiT-XL/2 at 256 px, the video models' 1,024 tokens) that
-dispatch is most of a launch's host time (``benchmarks/mhla_host_overhead.py``, per-launch table).
+dispatch is most of a launch's host time (benchmarks/RESULTS.md, eager host time).
 
 A ``CachedLaunch`` holds one launch's grid, run-time scalars and compile-time constants. Its first call goes
 through the dispatch and keeps the compiled kernel the dispatch returns; later calls launch that compiled

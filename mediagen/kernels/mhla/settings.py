@@ -12,8 +12,8 @@ were in force when the forward ran, since autograd may run it on another thread 
 under torch.compile the backward reads those of the thread that runs it.
 
 The defaults are the fastest settings measured on an H200 at the shapes of
-mediagen/eval/attention_bench.py (benchmarks/RESULTS.md, kernel launch settings; benchmarks/sweep_mhla.py
-measures them).
+mediagen/eval/attention_bench.py (benchmarks/RESULTS.md, kernel launch settings; ``python -m benchmarks attention
+--sweep KERNEL FIELD=V1,V2`` measures them).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ DEFAULTS: Mapping[str, Settings] = MappingProxyType({
     # rows (32 keys with 3 stages: 16.4 us)
     "dense_split": DenseSplitSettings(BT=256, BS=64, warps=8, stages=2),
     # 128 rows per program, 64 per step: DiT-XL/2 256 px forward + backward 126 us at B = 8 and 952 at B = 64
-    # (64 rows, 4 warps, 2 stages: 140 and 991; benchmarks.sweep_mhla --dense-grad)
+    # (64 rows, 4 warps, 2 stages: 140 and 991; benchmarks/RESULTS.md, kernel launch settings)
     "dense_grad": DenseGradSettings(BT=128, BS=64, warps=8, stages=3),
     # Streaming over column tiles with 4 programs per SM: Wan 480p 27.6 us at 64 columns (35-39 with one
     # tile per program), DiT-XL/2 512 px 9.6 us at 256 (11.8). lowp: bf16 products in the mix, 11.0 vs

@@ -166,7 +166,7 @@ def fill_rows(BT: int, warps: int, BH: int, N: int, sms: Optional[int]) -> tuple
     tokens: while it has fewer programs than half the SMs, halve the rows (to 16 at the least; halved below 128
     rows, 4 warps at most; a launch that fills the GPU as set keeps its rows and warps). At a small batch the set tiles leave most SMs idle: image-mhla's sampling (B = 2, 196 tokens, 3
     heads) ran 12 programs of 128 rows in 7.7 us, 78 programs of 16 rows take 6.1 (cuDNN 7.4); at B = 8 96 of 64
-    rows 7.4 against 7.9 (H200, ``benchmarks.sweep_mhla --dense --shipped``). ``sms`` None (no GPU): as set."""
+    rows 7.4 against 7.9 (H200; benchmarks/RESULTS.md, kernel launch settings). ``sms`` None (no GPU): as set."""
     if sms is None:
         return BT, warps
     rows = BT

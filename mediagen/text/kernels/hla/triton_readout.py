@@ -44,8 +44,8 @@ from ....kernels.triton_dot import dot as _dot  # the shared dot of mediagen/ker
 @dataclass(frozen=True)
 class ReadoutSettings:
     """The readout kernel's launch: BT tokens per program at padded head dims up to 64 (``BT64``) and up to 128
-    (``BT128``), warps, pipeline stages. ``benchmarks/sweep_hla_readout.py --layer`` measures the choices inside
-    a real layer (benchmarks/RESULTS.md, HLA kernels)."""
+    (``BT128``), warps, pipeline stages. ``python -m benchmarks text_encoders --readout FIELD=V1,V2`` measures the
+    choices inside a whole encoder (benchmarks/RESULTS.md, HLA kernels)."""
 
     BT64: int = 64
     BT128: int = 32
