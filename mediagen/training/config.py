@@ -24,7 +24,7 @@ TASKS = ("class-to-image", "text-to-image", "text-to-video")
 OBJECTIVES = ("flow", "ddpm")
 TIMESTEP_SAMPLING = ("logit-normal", "uniform")
 PRECISIONS = ("no", "fp16", "bf16")
-DATASETS = ("mnist", "moving-mnist", "image-folder", "video-folder")
+DATASETS = ("mnist", "moving-mnist", "image-folder", "video-folder", "latent-cache")
 SCHEDULES = ("constant", "cosine")
 FINETUNE_MODES = ("none", "full", "lora", "convert")
 DISTRIBUTED = ("ddp", "fsdp")
@@ -290,6 +290,9 @@ def check_config(cfg) -> None:
                           "(e.g. dit-tiny) or a pretrained folder", key="model.preset")
     if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}", key="data.path")
+    if cfg.data.dataset == "latent-cache" and not cfg.data.cache_dir:
+        raise ConfigError("data.cache_dir is required with data.dataset='latent-cache' (the folder of encoded clips: "
+                          "training/data/latent_cache.py)", key="data.cache_dir")
     if cfg.task == "class-to-image" and cfg.data.dataset != "mnist":
         # the class-conditional models (image-mhla, image-sdpa, image-linear) take digit labels, not captions
         raise ConfigError(f"data.dataset={cfg.data.dataset!r} has captions, not class labels: task='class-to-image' "

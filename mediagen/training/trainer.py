@@ -171,7 +171,9 @@ def predict(run: Run, model, inputs, timesteps, batch, drop, device):
 
 def compute_loss(run: Run, batch, step: int, positions: list[int]):
     device = run.accelerator.device
-    x0 = run.conditioner.latents(batch["pixels"], batch["index"], device)
+    # encoded clips (data.dataset=latent-cache) come as latents; pixels go through the autoencoder (or its cache)
+    x0 = (batch["latents"].to(device) if "latents" in batch
+          else run.conditioner.latents(batch["pixels"], batch["index"], device))
     if run.components.task == "text-to-image" and x0.dim() == 4:
         x0 = x0.unsqueeze(2)  # a Wan transformer sees an image as a one-frame video
     noised = run.objective.noise(x0.float(), run.cfg.train.seed, step, positions)

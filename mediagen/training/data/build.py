@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .image_folder import ImageFolderDataset
+from .latent_cache import LatentCacheDataset
 from .mnist import MNISTDataset
 from .moving_mnist import MovingMNISTDataset
 from .video_folder import VideoFolderDataset
@@ -29,6 +30,8 @@ def build_dataset(data, task: str, seed: int = 0):
                                    seed=seed, static_fraction=data.static_fraction,
                                    frame_buckets=data.frame_buckets, resolution_buckets=data.resolution_buckets)
         return VariedCaptions(clips, data.varied_captions, seed) if data.varied_captions else clips
+    if data.dataset == "latent-cache":
+        return LatentCacheDataset(data.cache_dir)
     if data.dataset == "image-folder":
         return ImageFolderDataset(data.path, resolution=data.resolution, channels=data.channels,
                                   resolution_buckets=data.resolution_buckets)
@@ -38,8 +41,9 @@ def build_dataset(data, task: str, seed: int = 0):
 
 
 def collate(items: list[dict]) -> dict:
-    """Stack pixels; labels become a tensor, captions stay a list; ``index`` is kept for caches."""
-    batch = {"pixels": torch.stack([it["pixels"] for it in items])}
+    """Stack pixels (or the latents of encoded clips); labels become a tensor, captions stay a list; ``index`` is kept
+    for caches."""
+    batch = {"pixels": torch.stack([it["pixels"] for it in items])} if "pixels" in items[0] else {}
     if "label" in items[0]:
         batch["label"] = torch.tensor([it["label"] for it in items])
     if "caption" in items[0]:
