@@ -21,3 +21,8 @@ CUDA_VISIBLE_DEVICES=0 accelerate launch --num_processes 1 -m mediagen.cli train
 # 2 GPUs: micro-batch 32 on each, 1 accumulation step
 accelerate launch --multi_gpu --num_processes 2 -m mediagen.cli train "$CONFIG" output_dir=$OUT/gpu2 "${COMMON[@]}"
 python benchmarks/compare_loss_curves.py "$OUT/gpu1/metrics.jsonl" "$OUT/gpu2/metrics.jsonl" | tee "$OUT/comparison.txt"
+# Real scale: the Wan2.1-T2V-1.3B fine-tunes (configs/train/wan2.1-1.3b-{mhla,hybrid,sdpa}-finetune.yaml), on
+# random encoded clips at the real token counts where the checkpoint is not on disk: benchmarks/wan2.1_finetune_gpu.sh
+# (memory per GPU, one H200, DDP, FSDP, sequence parallel). With the checkpoint and captioned videos, on 8 GPUs:
+#   accelerate launch --multi_gpu --num_processes 8 -m mediagen.cli train configs/train/wan2.1-1.3b-mhla-finetune.yaml \
+#     model.pretrained=/data/Wan2.1-T2V-1.3B-Diffusers data.path=/data/videos data.cache_dir=/data/cache/wan2.1

@@ -299,3 +299,11 @@ def test_an_exchange_runs_the_chunked_steps_with_whole_block_summaries():
         mhla_triton(q, q, q, mix, (8,), (4,), algorithm="dense", exchange=BlockExchange())
     with pytest.raises(ValueError, match="splits=2 is not allowed with an exchange: use None or 1"):
         mhla_triton(q, q, q, mix, (8,), (4,), splits=2, exchange=BlockExchange())
+
+
+def test_sequence_parallel_on_a_cpu_needs_the_triton_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.zeros(1, 8, 1, 16)
+    with pytest.raises(ValueError, match="q is on cpu: sequence-parallel MHLA runs the Triton kernels, on CUDA GPUs, "
+                                         "or on a CPU with TRITON_INTERPRET=1"):
+        sequence_parallel_mhla(q, q, q, torch.eye(4), (8,), (4,))

@@ -44,7 +44,7 @@ from ..kernels.mhla.checks import check_mhla_args
 from ..kernels.mhla.exchange import BlockExchange
 from ..kernels.mhla.layout import block_token_lists
 from ..kernels.mhla.rotation import split_rope
-from ..kernels.mhla.tiles import summary_dtype
+from ..kernels.mhla.tiles import _interpreting, summary_dtype
 
 
 def shard_layout(grid, blocks, rank: int, world: int):
@@ -156,6 +156,10 @@ def sequence_parallel_mhla(q, k, v, mix, grid, blocks, *, group=None, normalize=
     of this rank's tokens, (N_r, D/2) rows of the tables ``mhla`` takes, cut as ``shard_tokens`` cuts
     (dim 0). Returns this rank's output slab.
     """
+    if not q.is_cuda and not _interpreting():
+        # the exchange hook is in the Triton op only; off CUDA Triton runs in its interpreter alone
+        raise ValueError(f"q is on {q.device}: sequence-parallel MHLA runs the Triton kernels, on CUDA GPUs, or on "
+                         f"a CPU with TRITON_INTERPRET=1 set before mediagen is imported (slow: tests and smoke runs)")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     first, end, order, offsets = _device_layout(tuple(grid), tuple(blocks), rank, world, q.device)
     if q.shape[1] != end - first:

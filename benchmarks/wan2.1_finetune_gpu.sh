@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Wan2.1-T2V-1.3B fine-tuning from YAML on H200s, on data made here (no download): a random-weight pipeline
+# folder in Wan2.1-T2V-1.3B-Diffusers' layout (the real transformer and VAE architectures, a one-layer UMT5 of
+# UMT5-XXL's width in place of the 5.7B-parameter encoder) and random encoded clips at the real token counts,
+# 81 frames at 480x832 (21 x 30 x 52 = 32,760 tokens) and 720x1280 (21 x 45 x 80 = 75,600). The configs run
+# unchanged but for paths: configs/train/wan2.1-1.3b-{mhla,hybrid,sdpa}-finetune.yaml.
+#
+# Usage (repository root, on the GPU machine): bash benchmarks/wan2.1_finetune_gpu.sh PART OUT
+#   setup       the stand-in pipeline and the clips under $DATA (default /tmp/wan-data; about 7 GB)
+#   estimate    parameters of each variant (meta device) and the memory estimate below
+#   one_gpu     10 steps per variant at 480p and at 720p on one H200, batch 1: peak GiB, s/step
+#   two_gpu     1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match; DDP and FSDP peaks
+#   sp          the all-MHLA config sequence-parallel on 2 GPUs (blocks 2 x 5 x 10) against 1 GPU
+# Each step is time-boxed to fit one 10-minute command. On a CPU, `accelerate launch --cpu --num_processes 2`
+# starts ONE process (accelerate's multi-CPU launch goes through mpirun): launch with --multi_gpu, as below
+# (tests/test_training_ddp.py does so on 2 CPU processes).
+#
+# Memory per GPU, estimated (one process, micro-batch 1, bf16 autocast over fp32 master weights, AdamW,
+# gradient checkpointing of every transformer block). P = 1,418,996,800 (sdpa), 1,419,717,880 (mhla: Mc and
+# out-norm add 0.05%), 1,419,477,520 (hybrid).
+#   weights 4P + gradients 4P + AdamW moments 8P      22.7 GB   (DDP on 2+ GPUs adds its gradient buckets, 4P = 5.7 GB)
+#   UMT5-XXL encoder (5,680,910,336 params) on the GPU 11.4 GB in bf16 (22.7 GB if loaded in fp32); the stand-in's 0.8 GB
+#   Wan VAE (126,892,531 params, fp32)                  0.5 GB
+#   block inputs kept by checkpointing, N x 1536 bf16 x 30 blocks      3.0 GB at 480p, 7.0 GB at 720p
+#   one block recomputed and differentiated, ~200 KB per token          6.5 GB at 480p, 15 GB at 720p
+#   total                                               ~45 GB at 480p, ~58 GB at 720p: one H200 (141 GB) holds either
+# Without checkpointing every block keeps ~100 KB per token: ~100 GB more at 480p, ~230 GB at 720p (does not fit).
+# The activation terms are estimates (per-token counts of a Wan block's tensors); `one_gpu` measures the peaks.
+set -u
+part=$1; out=$2
+mkdir -p "$out"
+DATA=${DATA:-/tmp/wan-data}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+fi
+run() {  # run NAME SECONDS CMD...: time-boxed, output kept under $out/NAME.txt
+  local name=$1 secs=$2; shift 2
+  echo "=== $name: $*"
+  timeout "$secs" "$@" > "$out/$name.txt" 2>&1; echo "=== $name exit $?"
+  grep -v -i -E "warn|^\s*$" "$out/$name.txt" | grep -E "peak_gib|trained to|parameters|relative difference|wrote|Error|error" | tail -n 12
+}
+# training with the peak GPU memory of each process printed at the end (torch.cuda.max_memory_allocated)
+PEAK=$out/train_with_peak.py
+cat > "$PEAK" <<'EOF'
+import sys, torch
+from mediagen.training import load_config
+from mediagen.training.trainer import train
+result = train(load_config(sys.argv[1], sys.argv[2:]))
+steps = sorted(result["losses"])
+print(f"peak_gib {torch.cuda.max_memory_allocated() / 2**30:.1f} reserved_gib "
+      f"{torch.cuda.max_memory_reserved() / 2**30:.1f} steps {steps[0]}-{steps[-1]} loss {result['losses'][steps[-1]]:.4f}")
+EOF
+CFG=configs/train/wan2.1-1.3b
+# what the synthetic runs change in the configs: where the model and the clips are, how long, no samples/checkpoints
+SYN=(model.pretrained=$DATA/wan-stand-in data.dataset=latent-cache data.num_workers=2 train.max_steps=10
+     train.batch_size=1 train.micro_batch_size=1 optim.warmup_steps=0 checkpoint.every=100000 checkpoint.resume=null
+     checkpoint.save_pipeline=false overwrite_output_dir=true logging.sample_every=0 logging.progress=false)
+R480=(data.cache_dir=$DATA/synthetic-480p)
+R720=(data.cache_dir=$DATA/synthetic-720p objective.shift=5.0)
+case $part in
+setup)  # one cache serves the three variants: their text encoder, VAE, seed and text length (the cache key) agree
+  run stand_in 300 python3 -m mediagen.training.data.latent_cache stand-in "$DATA/wan-stand-in" --scale wan2.1-1.3b
+  run clips_480p 120 python3 -m mediagen.training.data.latent_cache clips $CFG-mhla-finetune.yaml \
+    model.pretrained=$DATA/wan-stand-in "${R480[@]}" --clips 16 --sizes 81x480x832
+  run clips_720p 120 python3 -m mediagen.training.data.latent_cache clips $CFG-mhla-finetune.yaml \
+    model.pretrained=$DATA/wan-stand-in data.cache_dir=$DATA/synthetic-720p --clips 16 --sizes 81x720x1280
+  ;;
+estimate)
+  run estimate 120 python3 - <<'EOF'
+import torch
+from mediagen import convert
+from mediagen.models.presets import build_transformer
+for attention in (None, "mhla", "wan-mhla-h"):
+    with torch.device("meta"):
+        model = build_transformer("wan2.1-1.3b")
+    if attention:
+        convert(model, attention, blocks=(3, 5, 10), rope="features", out_norm=True)
+    p = sum(t.numel() for t in model.parameters())
+    print(f"{attention or 'sdpa'}: {p:,} parameters; weights + grads + AdamW {16 * p / 1e9:.1f} GB")
+EOF
+  ;;
+one_gpu)  # about 1 to 2 minutes per run (model load and conversion, then 10 steps)
+  for v in sdpa mhla hybrid; do
+    run ${v}_480p 280 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$out/runs/$v-480p "${SYN[@]}" "${R480[@]}"
+    run ${v}_720p 280 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$out/runs/$v-720p "${SYN[@]}" "${R720[@]}"
+  done
+  ;;
+two_gpu)  # fp32 and no TF32, so that the only difference between 1 and 2 processes is summation order
+  export NVIDIA_TF32_OVERRIDE=0
+  EQ=("${SYN[@]}" "${R480[@]}" train.max_steps=5 train.batch_size=2 train.mixed_precision=no)
+  run eq_1gpu 280 accelerate launch --num_processes 1 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/eq1 "${EQ[@]}"
+  run eq_2gpu 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
+    output_dir=$out/runs/eq2 "${EQ[@]}"
+  run eq_compare 60 python3 benchmarks/compare_loss_curves.py $out/runs/eq1/metrics.jsonl $out/runs/eq2/metrics.jsonl
+  unset NVIDIA_TF32_OVERRIDE
+  run ddp_2gpu_480p 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
+    output_dir=$out/runs/ddp "${SYN[@]}" "${R480[@]}" train.batch_size=2
+  run fsdp_2gpu_480p 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
+    output_dir=$out/runs/fsdp "${SYN[@]}" "${R480[@]}" train.batch_size=2 train.distributed=fsdp
+  ;;
+sp)  # each GPU holds half of every clip's tokens (whole MHLA blocks along the frames)
+  run sp_1gpu 280 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/sp1 "${SYN[@]}" "${R720[@]}" \
+    'model.blocks=[2,5,10]' train.max_steps=5
+  run sp_2gpu 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
+    output_dir=$out/runs/sp2 "${SYN[@]}" "${R720[@]}" 'model.blocks=[2,5,10]' train.max_steps=5 train.sequence_parallel=true
+  run sp_compare 60 python3 benchmarks/compare_loss_curves.py $out/runs/sp1/metrics.jsonl $out/runs/sp2/metrics.jsonl
+  ;;
+*) echo "unknown part $part: use setup|estimate|one_gpu|two_gpu|sp"; exit 2 ;;
+esac
