@@ -18,8 +18,8 @@
 # Memory per GPU, estimated (one process, micro-batch 1, bf16 autocast over fp32 master weights, AdamW,
 # gradient checkpointing of every transformer block). P = 1,418,996,800 (sdpa), 1,419,717,880 (mhla: Mc and
 # out-norm add 0.05%), 1,419,477,520 (hybrid).
-#   weights 4P + gradients 4P + AdamW moments 8P      22.7 GB   (DDP on 2+ GPUs adds its gradient buckets, 4P = 5.7 GB)
-#   UMT5-XXL encoder (5,680,910,336 params) on the GPU 11.4 GB in bf16 (22.7 GB if loaded in fp32); the stand-in's 0.8 GB
+#   weights 4P + gradients 4P + AdamW moments 8P      22.7 GB   (DDP on 2+ GPUs: + gradient buckets, 4P = 5.7 GB)
+#   UMT5-XXL encoder (5,680,910,336 params) on the GPU 11.4 GB in bf16 (22.7 GB in fp32); the stand-in's: 0.8 GB
 #   Wan VAE (126,892,531 params, fp32)                  0.5 GB
 #   block inputs kept by checkpointing, N x 1536 bf16 x 30 blocks      3.0 GB at 480p, 7.0 GB at 720p
 #   one block recomputed and differentiated, ~200 KB per token          6.5 GB at 480p, 15 GB at 720p
@@ -39,7 +39,8 @@ run() {  # run NAME SECONDS CMD...: time-boxed, output kept under $out/NAME.txt
   local name=$1 secs=$2; shift 2
   echo "=== $name: $*"
   timeout "$secs" "$@" > "$out/$name.txt" 2>&1; echo "=== $name exit $?"
-  grep -v -i -E "warn|^\s*$" "$out/$name.txt" | grep -E "peak_gib|trained to|parameters|relative difference|wrote|Error|error" | tail -n 12
+  grep -v -i -E "warn|^\s*$" "$out/$name.txt" \
+    | grep -E "peak_gib|trained to|parameters|relative difference|wrote|Error|error" | tail -n 12
 }
 # training with the peak GPU memory of each process printed at the end (torch.cuda.max_memory_allocated)
 PEAK=$out/train_with_peak.py
@@ -50,13 +51,15 @@ from mediagen.training.trainer import train
 result = train(load_config(sys.argv[1], sys.argv[2:]))
 steps = sorted(result["losses"])
 print(f"peak_gib {torch.cuda.max_memory_allocated() / 2**30:.1f} reserved_gib "
-      f"{torch.cuda.max_memory_reserved() / 2**30:.1f} steps {steps[0]}-{steps[-1]} loss {result['losses'][steps[-1]]:.4f}")
+      f"{torch.cuda.max_memory_reserved() / 2**30:.1f} steps {steps[0]}-{steps[-1]} "
+      f"loss {result['losses'][steps[-1]]:.4f}")
 EOF
 CFG=configs/train/wan2.1-1.3b
 # what the synthetic runs change in the configs: where the model and the clips are, how long, no samples/checkpoints
 SYN=(model.pretrained=$DATA/wan-stand-in data.dataset=latent-cache data.num_workers=2 train.max_steps=10
      train.batch_size=1 train.micro_batch_size=1 optim.warmup_steps=0 checkpoint.every=100000 checkpoint.resume=null
-     checkpoint.save_pipeline=false overwrite_output_dir=true logging.sample_every=0 logging.progress=false)
+     checkpoint.save_pipeline=false overwrite_output_dir=true logging.sample_every=0
+     logging.progress=false)
 R480=(data.cache_dir=$DATA/synthetic-480p)
 R720=(data.cache_dir=$DATA/synthetic-720p objective.shift=5.0)
 case $part in
@@ -90,7 +93,8 @@ one_gpu)  # about 1 to 2 minutes per run (model load and conversion, then 10 ste
 two_gpu)  # fp32 and no TF32, so that the only difference between 1 and 2 processes is summation order
   export NVIDIA_TF32_OVERRIDE=0
   EQ=("${SYN[@]}" "${R480[@]}" train.max_steps=5 train.batch_size=2 train.mixed_precision=no)
-  run eq_1gpu 280 accelerate launch --num_processes 1 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/eq1 "${EQ[@]}"
+  run eq_1gpu 280 accelerate launch --num_processes 1 "$PEAK" $CFG-mhla-finetune.yaml \
+    output_dir=$out/runs/eq1 "${EQ[@]}"
   run eq_2gpu 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
     output_dir=$out/runs/eq2 "${EQ[@]}"
   run eq_compare 60 python3 benchmarks/compare_loss_curves.py $out/runs/eq1/metrics.jsonl $out/runs/eq2/metrics.jsonl
@@ -104,7 +108,8 @@ sp)  # each GPU holds half of every clip's tokens (whole MHLA blocks along the f
   run sp_1gpu 280 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/sp1 "${SYN[@]}" "${R720[@]}" \
     'model.blocks=[2,5,10]' train.max_steps=5
   run sp_2gpu 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
-    output_dir=$out/runs/sp2 "${SYN[@]}" "${R720[@]}" 'model.blocks=[2,5,10]' train.max_steps=5 train.sequence_parallel=true
+    output_dir=$out/runs/sp2 "${SYN[@]}" "${R720[@]}" 'model.blocks=[2,5,10]' train.max_steps=5 \
+    train.sequence_parallel=true
   run sp_compare 60 python3 benchmarks/compare_loss_curves.py $out/runs/sp1/metrics.jsonl $out/runs/sp2/metrics.jsonl
   ;;
 *) echo "unknown part $part: use setup|estimate|one_gpu|two_gpu|sp"; exit 2 ;;

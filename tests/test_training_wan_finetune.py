@@ -19,7 +19,8 @@ from mediagen.training.data.latent_cache import (LatentCacheDataset, cache_tag, 
                                                  write_stand_in_pipeline, write_synthetic_clips)
 from training_helpers import ROOT, TINY_WAN, read_losses, tiny_config
 
-CONFIGS = {name: ROOT / "configs" / "train" / f"wan2.1-1.3b-{name}-finetune.yaml" for name in ("mhla", "hybrid", "sdpa")}
+CONFIGS = {name: ROOT / "configs" / "train" / f"wan2.1-1.3b-{name}-finetune.yaml"
+           for name in ("mhla", "hybrid", "sdpa")}
 # 9 frames of 160 x 320 -> latents 3 x 20 x 40 (the tiny VAE's 4 x 8 x 8) -> 3 x 10 x 20 tokens, room for the
 # configs' 3 x 5 x 10 blocks; samples are square at data.resolution, 3 x 10 x 10 tokens
 TOY = ["data.resolution=160", "data.num_frames=9", "data.num_workers=0", "train.max_steps=2", "train.batch_size=2",
