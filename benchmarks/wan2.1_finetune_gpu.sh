@@ -8,8 +8,9 @@
 # Usage (repository root, on the GPU machine): bash benchmarks/wan2.1_finetune_gpu.sh PART OUT
 #   setup       the stand-in pipeline and the clips under $DATA (default /tmp/wan-data; about 7 GB)
 #   estimate    parameters of each variant (meta device) and the memory estimate below
-#   one_gpu     10 steps per variant at 480p and at 720p on one H200, batch 1: peak GiB, s/step
-#   two_gpu     1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match; DDP and FSDP peaks
+#   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl)
+#   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
+#   two_gpu_mem DDP and FSDP on 2 GPUs, batch 2: peak GiB per process
 #   sp          the all-MHLA config sequence-parallel on 2 GPUs (blocks 2 x 5 x 10) against 1 GPU
 # Each step is time-boxed to fit one 10-minute command. On a CPU, `accelerate launch --cpu --num_processes 2`
 # starts ONE process (accelerate's multi-CPU launch goes through mpirun): launch with --multi_gpu, as below
@@ -25,7 +26,7 @@
 #   one block recomputed and differentiated, ~200 KB per token          6.5 GB at 480p, 15 GB at 720p
 #   total                                               ~45 GB at 480p, ~58 GB at 720p: one H200 (141 GB) holds either
 # Without checkpointing every block keeps ~100 KB per token: ~100 GB more at 480p, ~230 GB at 720p (does not fit).
-# The activation terms are estimates (per-token counts of a Wan block's tensors); `one_gpu` measures the peaks.
+# The activation terms are estimates (per-token counts of a Wan block's tensors); one_gpu_* measure the peaks.
 set -u
 part=$1; out=$2
 mkdir -p "$out"
@@ -84,33 +85,35 @@ for attention in (None, "mhla", "wan-mhla-h"):
     print(f"{attention or 'sdpa'}: {p:,} parameters; weights + grads + AdamW {16 * p / 1e9:.1f} GB")
 EOF
   ;;
-one_gpu)  # about 1 to 2 minutes per run (model load and conversion, then 10 steps)
+one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conversion, then 10 steps)
+  size=${part#one_gpu_}
+  if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
   for v in sdpa mhla hybrid; do
-    run ${v}_480p 280 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$out/runs/$v-480p "${SYN[@]}" "${R480[@]}"
-    run ${v}_720p 280 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$out/runs/$v-720p "${SYN[@]}" "${R720[@]}"
+    run ${v}_$size 190 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$out/runs/$v-$size "${SYN[@]}" "${R[@]}"
   done
   ;;
-two_gpu)  # fp32 and no TF32, so that the only difference between 1 and 2 processes is summation order
+two_gpu_eq)  # fp32 and no TF32, so that the only difference between 1 and 2 processes is summation order
   export NVIDIA_TF32_OVERRIDE=0
   EQ=("${SYN[@]}" "${R480[@]}" train.max_steps=5 train.batch_size=2 train.mixed_precision=no)
-  run eq_1gpu 280 accelerate launch --num_processes 1 "$PEAK" $CFG-mhla-finetune.yaml \
+  run eq_1gpu 270 accelerate launch --num_processes 1 "$PEAK" $CFG-mhla-finetune.yaml \
     output_dir=$out/runs/eq1 "${EQ[@]}"
-  run eq_2gpu 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
+  run eq_2gpu 270 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
     output_dir=$out/runs/eq2 "${EQ[@]}"
-  run eq_compare 60 python3 benchmarks/compare_loss_curves.py $out/runs/eq1/metrics.jsonl $out/runs/eq2/metrics.jsonl
-  unset NVIDIA_TF32_OVERRIDE
+  run eq_compare 30 python3 benchmarks/compare_loss_curves.py $out/runs/eq1/metrics.jsonl $out/runs/eq2/metrics.jsonl
+  ;;
+two_gpu_mem)
   run ddp_2gpu_480p 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
     output_dir=$out/runs/ddp "${SYN[@]}" "${R480[@]}" train.batch_size=2
   run fsdp_2gpu_480p 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
     output_dir=$out/runs/fsdp "${SYN[@]}" "${R480[@]}" train.batch_size=2 train.distributed=fsdp
   ;;
 sp)  # each GPU holds half of every clip's tokens (whole MHLA blocks along the frames)
-  run sp_1gpu 280 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/sp1 "${SYN[@]}" "${R720[@]}" \
+  run sp_1gpu 270 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/sp1 "${SYN[@]}" "${R720[@]}" \
     'model.blocks=[2,5,10]' train.max_steps=5
-  run sp_2gpu 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
+  run sp_2gpu 270 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
     output_dir=$out/runs/sp2 "${SYN[@]}" "${R720[@]}" 'model.blocks=[2,5,10]' train.max_steps=5 \
     train.sequence_parallel=true
-  run sp_compare 60 python3 benchmarks/compare_loss_curves.py $out/runs/sp1/metrics.jsonl $out/runs/sp2/metrics.jsonl
+  run sp_compare 30 python3 benchmarks/compare_loss_curves.py $out/runs/sp1/metrics.jsonl $out/runs/sp2/metrics.jsonl
   ;;
-*) echo "unknown part $part: use setup|estimate|one_gpu|two_gpu|sp"; exit 2 ;;
+*) echo "unknown part $part: use setup|estimate|one_gpu_480p|one_gpu_720p|two_gpu_eq|two_gpu_mem|sp"; exit 2 ;;
 esac
