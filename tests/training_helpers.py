@@ -102,9 +102,11 @@ def run_training_process(args, output=False, **env):
     return (proc.returncode, proc.stdout) if output else proc.returncode
 
 
-def corrupt_mp4(path, frames=8, size=32, seed=0):
-    """A small mp4 (random frames) whose header is whole and whose second half is overwritten: it opens
-    with decord or PyAV (container header, first frame) and fails once its later frames are decoded."""
+def corrupt_mp4(path, frames=24, size=32, seed=0):
+    """A small mp4 (random frames) whose header is whole and whose last third of frame data is overwritten: it
+    opens with decord or PyAV (container header, first frame) and fails once its later frames are decoded. (With
+    the damage from the middle on, decord's threaded decoder, which reads a few packets ahead of the frame asked,
+    sometimes reached it while opening the file on a loaded machine.)"""
     import numpy as np
 
     from mediagen.eval.video_io import write_video
@@ -113,7 +115,7 @@ def corrupt_mp4(path, frames=8, size=32, seed=0):
     rng = np.random.default_rng(seed)
     write_video(rng.integers(0, 255, (frames, size, size, 3), dtype=np.uint8), path, fps=8)
     data = bytearray(path.read_bytes())
-    for i in range(len(data) // 2, int(len(data) * 0.85)):   # frame data; the index (moov) is at the end
+    for i in range(int(len(data) * 0.7), int(len(data) * 0.85)):   # frame data; the index (moov) is at the end
         data[i] ^= 0x5A
     path.write_bytes(bytes(data))
     return path
