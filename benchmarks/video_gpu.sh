@@ -10,8 +10,23 @@
 #   bash benchmarks/video_gpu.sh gap STEP OUT        # while training: export every run's checkpoint STEP and
 #                                                    # print its caption-direction gap (benchmarks/time_reversal.py;
 #                                                    # above 0 once a model reads the caption's direction)
-# Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried, in
-# every call (or linked in that call to copies under /tmp): what an earlier call carried may be gone.
+# Long clips (32 frames of 128x128 beside 16 of 64x64; configs/train/wan-mmnist-long-{mhla,sdpa}.yaml), in calls of
+# at most 10 minutes; the runbook with the order of the calls is docs/RESULTS.md, long clips:
+#   bash benchmarks/video_gpu.sh stage NAME OUT      # a call carrying .long/NAME.tar.part-* (weights brought back
+#                                                    # from an earlier lease): rebuild the folder /tmp/long/NAME
+#   ATTNS="long-mhla long-sdpa" COMPILE=true bash benchmarks/video_gpu.sh start MINUTES OUT   # as above
+#   ATTNS="long-mhla long-sdpa" bash benchmarks/video_gpu.sh long-export OUT  # stop the runs (SIGTERM: each writes a
+#                                                    # checkpoint), export the last step both saved as fp16 folders
+#                                                    # /tmp/runs/ship/video-<name>, pack the first one's 15 MB parts
+#   ATTNS="long-mhla long-sdpa" bash benchmarks/video_gpu.sh long-score OUT [SEEDS]  # sample 10 digits x 4 directions x
+#                                                    # SEEDS (10) at 32x128x128 and at 16x64x64 (SIZES="32x128 16x64"),
+#                                                    # 8 steps, guidance 4, and score them (mediagen vbench) into OUT
+#   bash benchmarks/video_gpu.sh calibrate OUT       # the scorer's calibration rows at both sizes, one and two digits
+#   bash benchmarks/video_gpu.sh fetch long-sdpa OUT  # the other exported folder's parts
+# Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried in the lease's
+# first call; each call keeps copies under /tmp (wheels installed into /tmp/site, MiniLM in /tmp/minilm-fp16) that
+# the later calls of the lease use when they do not carry them (what an earlier call carried may be gone).
+# With several GPUs, run i of ATTNS trains on GPU i (mod the count); with one, the runs share it.
 # EXTRA holds config overrides for every run and EXTRA_<attention> for one, e.g.
 #   EXTRA="data.static_fraction=0.1" EXTRA_mhla="model.attention_options.cpe_kernel=3"
 # ATTNS names the runs (default "sdpa mhla"): configs/train/wan-mmnist-<name>.yaml, or configs/train/<name>.yaml,
@@ -22,14 +37,15 @@
 # export has to build the model the run trained).
 set -u
 phase=$1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MEDIAGEN_MINILM_PATH=$PWD/.minilm-fp16
-if [ -d .whl ]; then
-  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PWD:/tmp/site
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ -d .minilm-fp16 ] && [ ! -d /tmp/minilm-fp16 ]; then cp -r .minilm-fp16 /tmp/minilm-fp16; fi
+[ -d /tmp/minilm-fp16 ] && export MEDIAGEN_MINILM_PATH=/tmp/minilm-fp16
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
+[ -d /tmp/site ] && export PYTHONPATH=$PWD:/tmp/site
 MG="python3 -m mediagen.cli"
-R=/tmp/runs
+R=${RUNS:-/tmp/runs}   # the runs, their exports and results (RUNS= elsewhere, e.g. for a try on a CPU)
 ATTNS=${ATTNS:-"sdpa mhla"}
 mkdir -p $R
 if [ "$phase" != start ] && [ -f $R/extra.sh ]; then . $R/extra.sh; fi
@@ -89,10 +105,13 @@ PY
 )
   compile=${COMPILE:-$compile}
   echo "training with train.compile=$compile" | tee -a "$out/throughput.txt"
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); gpus=${gpus:-0}; i=0
   for a in $ATTNS; do
     more="EXTRA_${a//-/_}"
-    setsid nohup $MG train $(config $a) ${EXTRA:-} ${!more:-} train.time_limit_minutes=$minutes \
+    pin=""; [ "$gpus" -gt 1 ] && pin="CUDA_VISIBLE_DEVICES=$((i % gpus))"; i=$((i + 1))
+    env $pin setsid nohup $MG train $(config $a) ${EXTRA:-} ${!more:-} train.time_limit_minutes=$minutes \
       train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
+    echo $! > $R/pid-$a   # the run's process: long-export stops it by this id
   done
   while [ $SECONDS -lt ${HOLD:-540} ]; do sleep 30; done; progress
   ;;
@@ -139,6 +158,72 @@ gap)
   ;;
 fetch)
   tar -cf - -C $R/ship video-$2 | split -b 15m - "$3/video-$2.tar.part-"; ls -la "$3"
+  ;;
+stage)
+  # weights brought back from an earlier lease: .long/NAME.tar.part-* (carried) -> /tmp/long/NAME
+  name=$2; mkdir -p /tmp/long
+  ls .long/$name.tar.part-* > /dev/null || { echo "stage: carry .long/$name.tar.part-* in this call"; exit 2; }
+  cat .long/$name.tar.part-* | tar -xf - -C /tmp/long
+  python3 - /tmp/long/$name <<'PY'
+import json, sys, pathlib
+folder = pathlib.Path(sys.argv[1])
+cfg = json.loads((folder / "transformer" / "config.json").read_text())
+print(f"{folder}: {cfg['_class_name']}, {sum(f.stat().st_size for f in folder.rglob('*') if f.is_file()) / 1e6:.1f} MB")
+PY
+  ;;
+long-export)
+  out=$2; mkdir -p "$out"
+  for a in $ATTNS; do   # SIGTERM: the run writes a checkpoint of its last step and exits
+    [ -f $R/pid-$a ] && kill -TERM "$(cat $R/pid-$a)" 2>/dev/null || true
+  done
+  for a in $ATTNS; do
+    while [ -f $R/pid-$a ] && kill -0 "$(cat $R/pid-$a)" 2>/dev/null; do sleep 5; done
+  done
+  progress
+  res=$R/results; mkdir -p $res $R/ship
+  for a in $ATTNS; do cp $R/wan-mmnist-$a/metrics.jsonl $res/metrics-$a.jsonl; cp $R/train-$a.log $res/; done
+  step=$(python3 -m mediagen.training.checkpoint $(for a in $ATTNS; do echo $R/wan-mmnist-$a; done))
+  echo "common step: $step" | tee $res/step.txt
+  for a in $ATTNS; do
+    more="EXTRA_${a//-/_}"
+    $MG train $(config $a) ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
+    rm -rf $R/ship/video-$a
+    python3 -c "from mediagen.pipelines.shipping import save_shipped_pipeline as s; s('$R/pipe-$a', '$R/ship/video-$a', text_encoder='minilm')"
+  done
+  tar -czf "$out/results.tar.gz" -C $R results
+  first=${ATTNS%% *}
+  tar -cf - -C $R/ship video-$first | split -b 15m - "$out/video-$first.tar.part-"
+  ls -la "$out"
+  ;;
+long-score)
+  # 10 digits x 4 directions x SEEDS clips per model and size: prompts repeated SEEDS times, 40 a batch, so batch s
+  # samples with seed 40 s (mediagen.eval.sampling); each model's folder from long-export
+  out=$2; seeds=${3:-10}; mkdir -p "$out"
+  python3 - "$seeds" > $R/prompts-grid.txt <<'PY'
+import sys
+for _ in range(int(sys.argv[1])):
+    for d in range(10):
+        for m in ("left", "right", "up", "down"):
+            print(f"the digit {d} moves {m}")
+PY
+  for a in $ATTNS; do
+    for size in ${SIZES:-32x128 16x64}; do
+      frames=${size%x*}; side=${size#*x}
+      $MG vbench --checkpoint $R/ship/video-$a --prompts $R/prompts-grid.txt --num-frames $frames --height $side \
+        --width $side --steps 8 --guidance 4 --batch-size 40 --background-features pixels --quiet \
+        --out "$out/vbench-$a-$size.json" --table "$out/vbench-$a-$size.md" > /dev/null
+      python3 - "$out/vbench-$a-$size.json" "$a $size" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["semantic_rates"]
+print(f"{sys.argv[2]}: {r['clips']} clips, digit {r['digit']:.3f} direction {r['direction']:.3f} both {r['both']:.3f}")
+PY
+    done
+  done | tee "$out/scores.txt"
+  ;;
+calibrate)
+  out=$2; mkdir -p "$out"
+  $MG vbench --calibrate --calibrate-size 16x64,32x128 --calibrate-per-cell ${PER_CELL:-3} \
+    --out "$out/calibration.json" --table "$out/calibration.md"
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac
