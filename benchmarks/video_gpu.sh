@@ -14,7 +14,8 @@
 # at most 10 minutes; the runbook with the order of the calls is docs/RESULTS.md, long clips:
 #   bash benchmarks/video_gpu.sh stage NAME OUT      # a call carrying .long/NAME.tar.part-* (weights brought back
 #                                                    # from an earlier lease): rebuild the folder /tmp/long/NAME
-#   ATTNS="long-mhla long-sdpa" COMPILE=true bash benchmarks/video_gpu.sh start MINUTES OUT   # as above
+#   ATTNS="long-mhla long-sdpa" COMPILE=true bash benchmarks/video_gpu.sh start MINUTES OUT   # as above; with
+#                                                    # EXTRA="train.max_steps=N" both runs stop at step N (equal clips)
 #   ATTNS="long-mhla long-sdpa" bash benchmarks/video_gpu.sh long-export OUT  # stop the runs (SIGTERM: each writes a
 #                                                    # checkpoint), export the last step both saved as fp16 folders
 #                                                    # /tmp/runs/ship/video-<name>, pack the first one's 15 MB parts
@@ -109,9 +110,10 @@ PY
   for a in $ATTNS; do
     more="EXTRA_${a//-/_}"
     pin=""; [ "$gpus" -gt 1 ] && pin="CUDA_VISIBLE_DEVICES=$((i % gpus))"; i=$((i + 1))
-    env $pin setsid nohup $MG train $(config $a) ${EXTRA:-} ${!more:-} train.time_limit_minutes=$minutes \
-      train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
-    echo $! > $R/pid-$a   # the run's process: long-export stops it by this id
+    # the run writes its own process id (bash's, which exec hands to python) for long-export to stop it by
+    env $pin setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' $R/pid-$a $MG train $(config $a) ${EXTRA:-} ${!more:-} \
+      train.time_limit_minutes=$minutes train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 \
+      output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
   done
   while [ $SECONDS -lt ${HOLD:-540} ]; do sleep 30; done; progress
   ;;
@@ -184,9 +186,14 @@ long-export)
   for a in $ATTNS; do cp $R/wan-mmnist-$a/metrics.jsonl $res/metrics-$a.jsonl; cp $R/train-$a.log $res/; done
   step=$(python3 -m mediagen.training.checkpoint $(for a in $ATTNS; do echo $R/wan-mmnist-$a; done))
   echo "common step: $step" | tee $res/step.txt
+  if [ "$step" = 0 ]; then  # equal clips: only a step every run saved is exported
+    echo "long-export: no checkpoint step is shared by the runs $ATTNS (a checkpoint every 250 steps, and one where"
+    echo "each stopped); export one run alone with ATTNS=<name>, or run on with the same train.max_steps for all"
+    exit 2
+  fi
   for a in $ATTNS; do
     more="EXTRA_${a//-/_}"
-    $MG train $(config $a) ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a
+    $MG train $(config $a) ${EXTRA:-} ${!more:-} output_dir=$R/wan-mmnist-$a --export "$step" --to $R/pipe-$a || exit 2
     rm -rf $R/ship/video-$a
     python3 -c "from mediagen.pipelines.shipping import save_shipped_pipeline as s; s('$R/pipe-$a', '$R/ship/video-$a', text_encoder='minilm')"
   done
