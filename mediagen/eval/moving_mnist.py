@@ -22,7 +22,9 @@ fuzzy, blocky and broken into specks, on any value range:
   min(28, 7/16 of the frame), resized to 28x28, brightest pixel scaled to 255) is the MNIST layout
   the shipped classifier was trained on; every frame votes, and a digit is shown when the asked
   digit wins the vote (ties go to the larger summed probability).
-- Motion: groups are linked frame to frame by the assignment that moves them least. A digit moves
+- Motion: groups are linked frame to frame by the assignment that puts each nearest to where its
+  track was heading (a line through its last positions), and a frame where two groups lie closer than
+  half a digit (overlapping digits, one blob cut in two) places no track. A digit moves
   the asked way when the least-squares slope of its centroid along the asked axis has the asked
   sign (image y points down, so "up" is negative y), its displacement over the clip is at least
   10% of the frame along that axis, and the other axis moves less. At least half the frames must
@@ -247,8 +249,8 @@ def _predicted(history: np.ndarray, t: int, recent: int = 6) -> np.ndarray:
 
 def digit_groups(clip: np.ndarray, k: int):
     """Per frame, k ink groups (one per asked digit): (centroids (F, k, 2) in (x, y), NaN where a frame
-    shows no digit, crops (F, k, 28, 28) float32), groups linked frame to frame by the assignment
-    that moves them least."""
+    shows no digit or, with k > 1, where the digits overlap; crops (F, k, 28, 28) float32), groups linked
+    frame to frame by the assignment that puts each nearest to where its track was heading."""
     part = _groups(clip, k)
     return part["centroids"], part["crops"]
 
