@@ -239,7 +239,7 @@ def test_moving_mnist_mixed_sizes_share_no_batch():
 def test_mixed_size_moving_mnist_trains_through_the_config(tmp_path):
     """data.frame_buckets / data.resolution_buckets reach the generator; each step trains on one size, on the
     device path and through the loader."""
-    from tests.training_helpers import TINY_WAN, tiny_config
+    from training_helpers import TINY_WAN, tiny_config
 
     from mediagen.training.data import build_dataset
     from mediagen.training.trainer import train
