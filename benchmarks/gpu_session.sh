@@ -6,17 +6,7 @@
 set -u
 part=$1; out=$2
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
-fi
-run() {  # run NAME SECONDS CMD...: time-boxed, output kept under $out/NAME.txt
-  local name=$1 secs=$2; shift 2
-  echo "=== $name: $*"
-  timeout "$secs" "$@" > "$out/$name.txt" 2>&1; echo "=== $name exit $?"
-  grep -v -i -E "warn|^\s*$" "$out/$name.txt" | tail -n 40
-}
+. "$(dirname "$0")/gpu_env.sh"  # exports, wheels, run NAME SECONDS CMD...
 case $part in
 all)
   run gpu_tests 80 python3 -m pytest -q tests/test_mhla_triton.py -k "real_sizes or half or alternative or several or compiles or dispatch"

@@ -31,18 +31,8 @@ set -u
 part=$1; out=$2
 mkdir -p "$out"
 DATA=${DATA:-/tmp/wan-data}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
-fi
-run() {  # run NAME SECONDS CMD...: time-boxed, output kept under $out/NAME.txt
-  local name=$1 secs=$2; shift 2
-  echo "=== $name: $*"
-  timeout "$secs" "$@" > "$out/$name.txt" 2>&1; echo "=== $name exit $?"
-  grep -v -i -E "warn|^\s*$" "$out/$name.txt" \
-    | grep -E "peak_gib|trained to|parameters|relative difference|wrote|Error|error" | tail -n 12
-}
+RUN_FILTER="peak_gib|trained to|parameters|relative difference|wrote|Error|error" RUN_LINES=12
+. "$(dirname "$0")/gpu_env.sh"  # exports, wheels, run NAME SECONDS CMD...
 # training with the peak GPU memory of each process printed at the end (torch.cuda.max_memory_allocated)
 PEAK=$out/train_with_peak.py
 cat > "$PEAK" <<'EOF'
