@@ -13,6 +13,8 @@ BENCHMARKS = {
     "wan_model": "a Wan2.1-1.3B-sized transformer's forward and one attention layer: sdpa, mhla, hybrid, floors",
     "dit_images": "DiT-XL/2 images per second of a sampling step, or of a training step (--train)",
     "image_latency": "sampling time of the shipped class-to-image models (the app's Image tab)",
+    "video_latency": "text-to-video sampling latency per clip of several pipelines side by side, per runtime: "
+                     "median s, peak memory, tokens per clip, speed against the first",
     "text_encoders": "SDPA / MLRA / HLA text encoders: encoding, decoding with a cache, HLA chunk skipping "
                      "(--readout: under other HLA readout launch settings)",
     "profile_hla": "one HLA layer's time stage by stage, beside causal SDPA",
