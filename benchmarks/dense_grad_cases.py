@@ -39,6 +39,8 @@ CASES = {  # name: (grid, blocks, D, normalize)
     "29 tokens, D 64": ((1, 29), (1, 4), 64, False),
     "29 tokens, D 96, normalize": ((1, 29), (1, 4), 96, True),
     "141 tokens, D 96": ((141,), (4,), 96, False),
+    "80 tokens, D 96 (one full step, a 16-row tail)": ((80,), (4,), 96, False),
+    "100 tokens, D 96, 2 heads' blocks (2, 2)": ((10, 10), (2, 2), 96, False),
 }
 
 
@@ -60,15 +62,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--variants", default="", help="comma-separated indices into VARIANTS (default: all); one "
+                    "per process where a launch may fault: an illegal memory access ends the CUDA context")
+    ap.add_argument("--cases", default="", help="comma-separated indices into CASES (default: all)")
     args = ap.parse_args(argv)
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (interpreter)'}, "
           f"torch {torch.__version__}\n")
     print("| case | dtype | variant | dq | dk | dv | dMc |\n|---|---|---|---|---|---|---|")
-    for case, (grid, blocks, D, normalize) in CASES.items():
+    pick = lambda table, arg: [x for i, x in enumerate(table.items()) if not arg or str(i) in arg.split(",")]
+    for case, (grid, blocks, D, normalize) in pick(CASES, args.cases):
         for dname in args.dtypes.split(","):
-            for variant, fields in VARIANTS.items():
+            for variant, fields in pick(VARIANTS, args.variants):
                 _plans.clear()  # (a plan keeps the launches of the settings it was made with)
                 with launch_settings("dense_grad", **fields):
                     worst = [0.0] * 4

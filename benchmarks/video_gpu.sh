@@ -74,7 +74,7 @@ case $phase in
 start)
   minutes=$2; out=$3; mkdir -p "$out"
   { printf 'EXTRA=%q\n' "${EXTRA:-}"; for a in $ATTNS; do more="EXTRA_${a//-/_}"; printf '%s=%q\n' "$more" "${!more:-}"; done
-  } > $R/extra.sh
+  } >> $R/extra.sh   # appended: a run started by a later call keeps the earlier runs' settings
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
   # throughput of each configuration alone: 30 steps, median of steps 11-30
   for a in $ATTNS; do for c in false true; do
@@ -112,7 +112,7 @@ PY
     pin=""; [ "$gpus" -gt 1 ] && pin="CUDA_VISIBLE_DEVICES=$((i % gpus))"; i=$((i + 1))
     # the run writes its own process id (bash's, which exec hands to python) for long-export to stop it by
     env $pin setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' $R/pid-$a $MG train $(config $a) ${EXTRA:-} ${!more:-} \
-      train.time_limit_minutes=$minutes train.compile=$compile checkpoint.every=250 checkpoint.keep_last=200 \
+      train.time_limit_minutes=$minutes train.compile=$compile checkpoint.every=${CKPT_EVERY:-250} checkpoint.keep_last=200 \
       output_dir=$R/wan-mmnist-$a > $R/train-$a.log 2>&1 < /dev/null &
   done
   while [ $SECONDS -lt ${HOLD:-540} ]; do sleep 30; done; progress

@@ -1416,3 +1416,18 @@ def test_backward_launches_with_the_forwards_settings(device, monkeypatch):
     elsewhere.join(timeout=300)
     assert [(r["num_warps"], r["num_stages"]) for r in recorder.launches] == [(2, 1)]
     assert k.grad is not None and torch.isfinite(k.grad).all()
+
+
+def test_a_tail_step_after_a_loop_shorter_than_the_pipeline_runs_unpipelined():
+    """Fewer full steps than the pipeline's stages - 1 before a narrower tail step: one stage. Three stages there
+    read out of bounds on the H200 (triton 3.6: 29 tokens, a 32-row tail after a loop of no 64-row steps). Two
+    full steps and more, or no tail step, keep the set stages."""
+    settings = launch_defaults.current_settings()
+    set_stages = op_tiles.dense_grad_tiles(settings, 96, torch.bfloat16)["stages"]
+    assert set_stages >= 3
+    for N, stages in ((80, 1), (141, set_stages), (100, set_stages), (128 * 5 + 16, set_stages)):
+        tiles = op_tiles.dense_grad_tiles(settings, 96, torch.bfloat16, N)
+        assert tiles["stages"] == stages, (N, tiles)
+    with launch_settings("dense_grad", tail=False):
+        assert op_tiles.dense_grad_tiles(launch_defaults.current_settings(), 96, torch.bfloat16, 80)["stages"] == \
+            set_stages

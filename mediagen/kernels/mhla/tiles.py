@@ -229,6 +229,12 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
             stages = 1
         if BT < 128:  # (as the dense forward's fill rule: 4 warps at most below 128 rows)
             warps = min(warps, 4)
+    if c.fit_short and c.tail and N is not None and dense_tail(N, BS, BD + BD2, fp32) and N // BS < stages - 1:
+        # a narrower tail step after fewer full steps than the pipeline is deep: at 29 tokens with 128 rows, 64
+        # per step and a 32-row tail after a loop of no steps, 3 stages made the query walk read out of bounds
+        # (compute-sanitizer: an illegal address in dense_query_grad_kernel; with 4 warps dq 0.48 and dMc 0.22 off
+        # fp64), 1 stage or no tail step computed it right (H200, triton 3.6; benchmarks/dense_grad_cases.py)
+        stages = 1
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=warps, stages=stages)
 
 
