@@ -231,9 +231,10 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
             warps = min(warps, 4)
     if c.fit_short and c.tail and N is not None and dense_tail(N, BS, BD + BD2, fp32) and N // BS < stages - 1:
         # a narrower tail step after fewer full steps than the pipeline is deep: at 29 tokens with 128 rows, 64
-        # per step and a 32-row tail after a loop of no steps, 3 stages made the query walk read out of bounds
-        # (compute-sanitizer: an illegal address in dense_query_grad_kernel; with 4 warps dq 0.48 and dMc 0.22 off
-        # fp64), 1 stage or no tail step computed it right (H200, triton 3.6; benchmarks/dense_grad_cases.py)
+        # per step and a 32-row tail after a loop of no steps, 3 stages compiled the tail step's dot to shared-memory
+        # addresses out of range (compute-sanitizer, dense_query_grad_kernel; 8 warps: an illegal address, 4 warps:
+        # dq 0.48 and dMc 0.22 off fp64); 1 stage, no tail step, or 32-row tiles computed it right (H200, triton
+        # 3.6; benchmarks/dense_grad_cases.py, benchmarks/RESULTS.md)
         stages = 1
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=warps, stages=stages)
 
