@@ -135,14 +135,18 @@ def test_app_video_equals_the_pipeline_given_the_prompt(served):
 
 def test_generate_video_is_downloadable_mp4(served):
     _, _, client, _ = served
-    video, files, timings = client.predict("the digit 7 moving left", "", "sdpa", "MLRA", 3, 8, 8, 1, 0, 2, 4.0,
-                                           api_name="/generate_video")
+    video, files, timings, note = client.predict("the digit 7 moving left", "", "sdpa", "MLRA", 3, 8, 8, 1, 0, 2,
+                                                 4.0, api_name="/generate_video")
+    assert note == ""                                                      # a prompt the models read: no note
     path = video["video"] if isinstance(video, dict) else video
     assert Path(path).suffix == ".mp4" and Path(files[0]).stat().st_size > 0
     from mediagen.eval.video_io import read_video
 
     assert read_video(files[0]).shape[0] == 3
     assert timings["text_encoding_ms"] > 0 and timings["denoising_ms"] > 0
+    *_, note = client.predict("a cat moving left", "", "sdpa", "FlashAttention", 3, 8, 8, 1, 0, 2, 4.0,
+                              api_name="/generate_video")
+    assert note.startswith("The models cannot read this prompt: it names no digit")
 
 
 def test_compare_video_runs_reference_and_reports_quality(served):
@@ -274,6 +278,8 @@ def test_api_names_every_output_and_defaults_steps_per_task(served):
     assert not any(label.startswith("value_") for label in labels), labels
     assert [r["label"] for r in api["/benchmarks"]["returns"]] == ["latency vs sequence length", "latency table",
                                                                    "download"]
+    assert [r["label"] for r in api["/generate_video"]["returns"]] == ["video", "download", "latency per stage (ms)",
+                                                                       "prompt note"]
     # steps left out: the mode's own steps, as the page starts them (more for a prompt-mode still)
     steps = {p["parameter_name"]: p for p in api["/generate_image"]["parameters"]}["steps"]
     assert steps["parameter_has_default"] and steps["parameter_default"] is None

@@ -20,11 +20,13 @@ from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
 from .models import (ModelCache, ModelSet, default_models, encoder_details, encoder_info, info_markdown,
-                     model_details, model_info)
+                     model_details, model_info, model_name, trained_on)
+from .prompts import help_text, prompt_note
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
 COMPARE_TASKS = ("text-to-video", "text-to-image", "class-to-image")
+TEXT_TASKS = ("text-to-video", "text-to-image")      # the tasks that read a prompt through a text encoder
 BENCH_SOURCES = ("recorded", "fresh")
 MAX_SEED = 2**31 - 1
 
@@ -89,8 +91,22 @@ class MediagenApp:
                 bounded_side("width", width, g.stride_w, self.limits),
                 bounded_int("frames", frames, min_frames, self.limits.max_frames))
 
-    def _encoder(self, label) -> str:
-        return _choice("text_encoder", label, self.cache.models.text_encoders)
+    def _encoder(self, label, task: str) -> str:
+        """``label`` if the text encoder is offered for ``task`` (``ModelSet.check_encoder``: within 3 points
+        of MiniLM's measured rate), else one line naming the field, the value, why and what is allowed."""
+        return self.cache.models.check_encoder(task, label)
+
+    def _config(self, label, offered: list[str], encoders: list[str], task: str) -> tuple[str, str]:
+        """One Compare configuration, parsed; one naming a text encoder withheld from ``task`` says why."""
+        try:
+            return compare.parse_config(label, offered, encoders, task)
+        except ValueError:
+            attention, _, encoder = str(label).partition(compare.SEPARATOR)
+            why = self.cache.models.encoder_why(task, encoder) if attention in offered else ""
+            if why:
+                raise ValueError(f"configs: {label!r} is not allowed for {task}: the {encoder} text encoder is not "
+                                 f"offered for it ({why}); use a text encoder in {encoders}") from None
+            raise
 
     def _attention(self, family: str, attention, field: str = "attention") -> str:
         if not isinstance(attention, str):
@@ -177,7 +193,7 @@ class MediagenApp:
             prompt = bounded_prompt(prompt, self.limits)
             negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
             h, w, _ = self._text_size(height, width, 1)
-            encoder = self._encoder(text_encoder)
+            encoder = self._encoder(text_encoder, "text-to-image")
             progress(0, desc="loading models")
             tokens = _prod(video_grid(self.cache, generation.still_frames(self.cache), h, w))
             result = self._timed(family, attention, tokens, batch, steps, guidance, lambda: generation.text_samples(
@@ -192,12 +208,13 @@ class MediagenApp:
     @readable_errors
     def video(self, prompt, negative_prompt, attention, text_encoder, frames, height, width, batch, seed, steps,
               guidance, runtime="eager", progress=gr.Progress(track_tqdm=True)):
-        """A clip of a prompt, as an MP4; steps None: the page's first value."""
+        """A clip of a prompt, as an MP4, and a note saying what in the prompt the models cannot read ("" when
+        they read all of it); steps None: the page's first value."""
         steps = self.limits.start_steps(False) if steps is None else steps
         prompt = bounded_prompt(prompt, self.limits)
         negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
         attention = self._attention("video", attention)
-        encoder = self._encoder(text_encoder)
+        encoder = self._encoder(text_encoder, "text-to-video")
         h, w, f = self._text_size(height, width, frames, min_frames=2)   # one frame: the Image tab
         batch = bounded_int("batch", batch, 1, self.limits.max_batch)
         seed, steps, guidance = self._common(seed, steps, guidance)
@@ -209,7 +226,18 @@ class MediagenApp:
             runtime=runtime), runtime)
         folder = files.request_dir(self.output_root, "video")
         downloads, _ = files.save_videos(result.samples, folder, f"{files.slug(prompt)[:40]}-{attention}-seed{seed}")
-        return downloads[0], downloads, _ms(result.timings)
+        return downloads[0], downloads, _ms(result.timings), self.prompt_note(prompt, attention)
+
+    def prompt_note(self, prompt, attention) -> str:
+        """What the video model behind ``attention`` cannot read in ``prompt`` (``prompts.prompt_note``)."""
+        models = self.cache.models
+        return prompt_note(prompt, model_name(models, "video", attention), trained_on(models, "video", attention))
+
+    def prompt_help(self) -> str:
+        """The Video tab's prompt help: what the models read, what the served video models were trained on."""
+        models = self.cache.models
+        return help_text({model_name(models, "video", a): trained_on(models, "video", a)
+                          for a in self.offered("video")})
 
     # --- Compare -----------------------------------------------------------------------------
     @readable_errors
@@ -220,11 +248,13 @@ class MediagenApp:
         task = _choice("task", task, COMPARE_TASKS)
         steps = self.limits.start_steps(task == "text-to-image") if steps is None else steps
         family = _family(task)
-        encoders = list(self.cache.models.text_encoders)
+        # class-to-image reads no text, so its labels may name any encoder (ignored there)
+        encoders = (self.cache.models.encoders_for(task) if task in TEXT_TASKS
+                    else list(self.cache.models.text_encoders))
         if configs is not None and not isinstance(configs, (list, tuple)):
             configs = [configs]
         offered = self.offered(family)
-        chosen = [compare.parse_config(c, offered, encoders, task) for c in (configs or [])]
+        chosen = [self._config(c, offered, encoders, task) for c in (configs or [])]
         planned = compare.plan(task, chosen)
         if len(planned) > self.limits.max_configs:
             raise rejected(f"configs: {len(planned)} configurations (with the sdpa · FlashAttention reference) is "
@@ -306,6 +336,9 @@ class MediagenApp:
         return {"image_side": image_side(self.cache), **size,
                 "num_classes": int(self.cache.base("image").transformer.config.num_embeds_ada_norm),
                 "text_encoders": list(self.cache.models.text_encoders),
+                # per text task: the encoders offered, and one line on those that are not (the cards' rates)
+                "encoders": {task: self.cache.models.encoders_for(task) for task in TEXT_TASKS},
+                "encoder_notes": {task: self.cache.models.encoder_note(task) for task in TEXT_TASKS},
                 "side_range_h": self.limits.side_range(g.stride_h), "side_range_w": self.limits.side_range(g.stride_w),
                 "stride_h": g.stride_h, "stride_w": g.stride_w, "max_seed": MAX_SEED,
                 "offered": {family: self.offered(family) for family in ("image", "video")}}

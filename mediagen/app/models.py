@@ -8,7 +8,10 @@ weights, sdpa only, and says so in its info line, and each task starts on the ch
 it in "default_for". Model sets built by hand (tests, experiments) may list attentions to serve untrained
 in ``ModelSource.untrained``; their info lines say "untrained" too. Text encoders: the real
 all-MiniLM-L6-v2 through SDPA (the FlashAttention path) and the MLRA / HLA encoders distilled from it
-(``text-mlra/``, ``text-hla/``; initialised from MiniLM otherwise).
+(``text-mlra/``, ``text-hla/``; initialised from MiniLM otherwise). An encoder is offered for a task only while
+its card's measured rate of drawing the asked digit stays within 3 points of MiniLM's (``catalog.MINILM_MARGIN``):
+``ModelSet.encoders_for`` lists the ones offered, ``encoder_note`` says in one line why others are not, and
+``check_encoder`` refuses a request that names one anyway.
 
 The info line under the attention choice is the checkpoint's card in one line (``catalog.card_line``:
 name, training steps, scores; "scores: not measured" without a card or without "scores"); the samples
@@ -74,6 +77,55 @@ class ModelSet:
         offered = src.offered()
         return src.defaults[task] if src.defaults.get(task) in offered else offered[0]
 
+    def encoder_shortfall(self, task: str, label: str) -> dict | None:
+        """The measurement that withholds text encoder ``label`` from ``task`` (``catalog.encoder_shortfall``:
+        more than 3 points below MiniLM), None when it is offered."""
+        name = self.text_encoders.get(label)
+        return None if name is None else catalog.encoder_shortfall(catalog.encoder_card(name), task)
+
+    def encoders_for(self, task: str) -> list[str]:
+        """The text encoder labels offered for ``task``, in ``text_encoders`` order."""
+        return [label for label in self.text_encoders if self.encoder_shortfall(task, label) is None]
+
+    def encoder_note(self, task: str) -> str:
+        """One line saying which text encoders are not offered for ``task`` and why (their cards' rates against
+        MiniLM's); "" when every encoder is offered."""
+        short = {label: row for label in self.text_encoders if (row := self.encoder_shortfall(task, label))}
+        if not short:
+            return ""
+        labels = list(short)
+        names = labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+        what = "video" if task == "text-to-video" else task
+        verb, pronoun = ("is", "it") if len(labels) == 1 else ("are", "them")
+        rows = list(short.values())
+        if len({(r.get("model"), r["minilm_digit"]) for r in rows}) == 1:
+            rates = " / ".join(_percent(r["digit"]) for r in rows)
+            through = (f"through {pronoun} {_drawer(rows[0])} draws the asked digit in {rates} of clips against "
+                       f"MiniLM's {_percent(rows[0]['minilm_digit'])}")
+        else:
+            through = "; ".join(f"through {label} {_drawer(r)} draws the asked digit in {_percent(r['digit'])} of "
+                                f"clips against MiniLM's {_percent(r['minilm_digit'])}" for label, r in short.items())
+        plural = "s" if len(labels) > 1 else ""
+        return (f"The {names} text encoder{plural} {verb} not offered for {what}: {through}, {_below()} "
+                "(docs/RESULTS.md)")
+
+    def check_encoder(self, task: str, label, field_name: str = "text_encoder") -> str:
+        """``label`` if it is offered for ``task``, else a one-line ValueError naming the field, the value, why
+        (for an encoder withheld from the task) and what is allowed."""
+        offered = self.encoders_for(task)
+        if isinstance(label, str) and label in offered:
+            return label
+        why = self.encoder_why(task, label) if isinstance(label, str) else ""
+        why = f" ({why})" if why else ""
+        raise ValueError(f"{field_name}={label!r} is not allowed for {task}{why}: choose one of {offered}")
+
+    def encoder_why(self, task: str, label: str) -> str:
+        """Why text encoder ``label`` is withheld from ``task``, in a phrase; "" when it is not withheld."""
+        row = self.encoder_shortfall(task, label)
+        return "" if row is None else (
+            f"through it {_drawer(row)} draws the asked digit in {_percent(row['digit'])} of clips against "
+            f"MiniLM's {_percent(row['minilm_digit'])}, {_below()}; docs/RESULTS.md")
+
     def check_attention(self, family: str, attention, field_name: str = "attention") -> str:
         """``attention`` if the family offers it, else a one-line ValueError naming the field, the value
         and what is allowed."""
@@ -85,6 +137,21 @@ class ModelSet:
             raise ValueError(f"{field_name}={attention!r} is not allowed for the {what} model{why}: "
                              f"choose one of {offered}")
         return attention
+
+
+def _percent(rate: float) -> str:
+    """A rate as the page shows it: 0.725 -> "72.5%", 0.7 -> "70%"."""
+    return f"{round(100 * rate, 1):g}%"
+
+
+def _below() -> str:
+    return f"more than {round(100 * catalog.MINILM_MARGIN, 1):g} points below"
+
+
+def _drawer(row: dict) -> str:
+    """Who drew the clips of a "vs_minilm" measurement: the model it names, else "the video model"."""
+    model = row.get("model")
+    return model if isinstance(model, str) and model else "the video model"
 
 
 def model_name(models: "ModelSet", family: str, attention: str) -> str:
@@ -112,6 +179,14 @@ def model_details(models: "ModelSet", family: str, attention: str) -> str:
     """The model card beyond its one line (markdown bullets), "" when there is nothing more."""
     src = models.source(family)
     return catalog.card_details(read_card(src.trained[attention])) if attention in src.trained else ""
+
+
+def trained_on(models: "ModelSet", family: str, attention: str) -> dict:
+    """What the checkpoint behind (family, attention) was trained on: its card's "trained_on" (for video models:
+    digits per clip, the caption wording); {} for an untrained model or a card without it."""
+    src = models.source(family)
+    value = read_card(src.trained[attention]).get("trained_on") if attention in src.trained else None
+    return value if isinstance(value, dict) else {}
 
 
 def info_markdown(line: str, details: str = "") -> str:

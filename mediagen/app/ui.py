@@ -3,7 +3,10 @@
 
 Choices follow the models: an attention is listed for a family only when the app offers it
 (``models.py``: trained checkpoints), each task starts on the checkpoint its card names the default
-(``pipelines/catalog.py``), and the model picked says what it is in an info line. Inputs
+(``pipelines/catalog.py``), and the model picked says what it is in an info line. A text encoder is
+listed for a task only when its card's measured rate keeps within 3 points of MiniLM's, and the
+encoder choice says in one line which are not and why. The Video tab's prompt says what the models
+read, and a clip whose prompt they cannot read gets a note beside it (``prompts.py``). Inputs
 are ``fields.Raw*`` components, so every value reaches the handler's named checks.
 
 A run's progress, and its error when it fails, show on the tab's status line under its button, not on
@@ -100,6 +103,13 @@ def _attention_radio(app: MediagenApp, d: dict, family: str):
     return radio, info
 
 
+def _encoder_radio(d: dict, task: str, **kwargs):
+    """The text encoder choice of ``task``: the encoders offered for it, with the one line on those that are
+    not (their cards' rates against MiniLM's) as its info."""
+    offered = d["encoders"][task]
+    return RawRadio(offered, value=offered[0], info=d["encoder_notes"][task] or None, **kwargs)
+
+
 def _image_tab(app: MediagenApp, d: dict):
     lim = app.limits
     with gr.Row():
@@ -112,9 +122,8 @@ def _image_tab(app: MediagenApp, d: dict):
             prompt = _prompt_box(app, "the digit 7", "prompt", visible=False)
             negative = _prompt_box(app, "", "negative prompt", visible=False)
             attention, info = _attention_radio(app, d, "image")
-            encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder (prompt mode)",
-                               visible=False)
-            encoder_note = gr.Markdown(app.encoder_info(d["text_encoders"][0]), visible=False)
+            encoder = _encoder_radio(d, "text-to-image", label="text encoder (prompt mode)", visible=False)
+            encoder_note = gr.Markdown(app.encoder_info(encoder.value), visible=False)
             with gr.Row():
                 batch = RawNumber(value=min(2, lim.max_batch), precision=0, label=f"batch (1–{lim.max_batch})")
                 height, width = _size_controls(d, ", prompt mode", visible=False)
@@ -152,11 +161,11 @@ def _video_tab(app: MediagenApp, d: dict):
     lim = app.limits
     with gr.Row():
         with gr.Column():
-            prompt = _prompt_box(app, "the digit 7 moves left", "prompt")
+            prompt = _prompt_box(app, "the digit 7 moves left", "prompt", info=app.prompt_help())
             negative = _prompt_box(app, "", "negative prompt")
             attention, info = _attention_radio(app, d, "video")
-            encoder = RawRadio(d["text_encoders"], value=d["text_encoders"][0], label="text encoder")
-            encoder_note = gr.Markdown(app.encoder_info(d["text_encoders"][0]))
+            encoder = _encoder_radio(d, "text-to-video", label="text encoder")
+            encoder_note = gr.Markdown(app.encoder_info(encoder.value))
             with gr.Row():
                 frames = RawNumber(value=d["frames"], precision=0, label=f"frames (2–{lim.max_frames})")
                 height, width = _size_controls(d)
@@ -167,19 +176,27 @@ def _video_tab(app: MediagenApp, d: dict):
             status = _status("video")
         with gr.Column():
             video = gr.Video(label="video", elem_id="video-output")
+            # what in the prompt the models cannot read, beside the clip drawn from it ("" when they read it all)
+            note = gr.Markdown("", label="prompt note", elem_id="video-note")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
     attention.change(lambda a: app.info("video", a), attention, info, api_name=False)
     encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance,
-                          runtime], [video, downloads, timings], api_name="generate_video", show_progress_on=[status])
+                          runtime], [video, downloads, timings, note], api_name="generate_video",
+              show_progress_on=[status])
 
 
 def compare_choices(d: dict, task: str) -> list[str]:
     """The configurations the Compare tab lists for ``task``: attention x text encoder for the text tasks,
     the attention alone for class-to-image (its model reads no text)."""
     family = "image" if task == "class-to-image" else "video"
-    return task_labels(task, d["offered"][family], d["text_encoders"])
+    return task_labels(task, d["offered"][family], d["encoders"].get(task, d["text_encoders"]))
+
+
+def compare_note(d: dict, task: str) -> str | None:
+    """The configurations' info line for ``task``: which text encoders it does not offer and why (None: none)."""
+    return d["encoder_notes"].get(task) or None
 
 
 def compare_visibility(task: str) -> dict:
@@ -194,7 +211,7 @@ def _compare_tab(app: MediagenApp, d: dict):
     first = "text-to-video"
     choices = compare_choices(d, first)
     # the task's default attention (with the first text encoder) beside the reference, which always runs
-    label = config_label(app.cache.models.first_choice(first), d["text_encoders"][0])
+    label = config_label(app.cache.models.first_choice(first), d["encoders"][first][0])
     default = [label] if label in choices and label != config_label(*REFERENCE) else []
     shown = compare_visibility(first)
     gr.Markdown(COMPARE_NOTE.format(reference=config_label(*REFERENCE)))
@@ -202,7 +219,8 @@ def _compare_tab(app: MediagenApp, d: dict):
         with gr.Column():
             task = RawRadio(list(COMPARE_TASKS), value=first, label="task")
             configs = RawCheckboxGroup(choices, value=default, label=f"configurations (≤ {lim.max_configs} with the "
-                                       "reference; trained checkpoints only)", elem_id="compare-configs")
+                                       "reference; trained checkpoints only)", elem_id="compare-configs",
+                                       info=compare_note(d, first))
             prompt = _prompt_box(app, "the digit 7 moves left", "prompt (text tasks)", visible=shown["prompt"])
             class_label = RawNumber(value=3, precision=0, label=f"class (class-to-image, 0–{d['num_classes'] - 1})",
                                     visible=shown["class_label"])
@@ -227,8 +245,9 @@ def _compare_tab(app: MediagenApp, d: dict):
         task_value = task_value if task_value in COMPARE_TASKS else first
         family = "image" if task_value == "class-to-image" else "video"
         visible = compare_visibility(task_value)
-        return (gr.update(choices=compare_choices(d, task_value),
-                          value=carry_labels(current, task_value, d["offered"][family], d["text_encoders"])),
+        encoders = d["encoders"].get(task_value, d["text_encoders"])
+        return (gr.update(choices=compare_choices(d, task_value), info=compare_note(d, task_value),
+                          value=carry_labels(current, task_value, d["offered"][family], encoders)),
                 *(gr.update(visible=visible[name]) for name in ("prompt", "class_label", "frames", "height", "width")),
                 gr.update() if steps_typed else gr.update(value=lim.start_steps(task_value == "text-to-image")))
 

@@ -23,7 +23,13 @@ card.json, every key optional:
                  "direction_ok": 0.84},
       "measured_on": "512 clips, 20 steps, seed 0",   what the scores were measured on (one line)
       "note": "one line shown as is",
-      "default_for": ["text-to-video"]   tasks this checkpoint serves when none is asked for
+      "default_for": ["text-to-video"],  tasks this checkpoint serves when none is asked for
+      "trained_on": {"digits": 1,        a video model's training prompts: digits per clip and the wording
+                     "wording": "the digit 3 moves left"},
+      "vs_minilm": [{"task": "text-to-video", "model": "video-mhla", "wordings": "template",
+                     "clips": 40, "digit": 0.725, "minilm_digit": 0.85,
+                     "measured_on": "..."}]   a text encoder's card: how often a model draws the asked digit
+                                         through this encoder and through MiniLM, on the same clips
     }
 
 The default for a task is the checkpoint of the task's family whose card lists the task in "default_for":
@@ -31,6 +37,12 @@ The default for a task is the checkpoint of the task's family whose card lists t
 the scores that justify it are, so it moves with them; with no card naming a task, the CLI takes the
 family's preset and the app its first attention. The info line (``card_line``) is the card in one line,
 "scores: not measured" without a card or without "scores"; ``card_details`` is the rest.
+
+A text encoder is offered for a task only while every rate its card measures for that task ("vs_minilm") lies
+within ``MINILM_MARGIN`` (3 points) of MiniLM's on the same clips: the video models were trained on MiniLM's
+states, and an encoder that costs them the asked digit more often than that is not one to pick. A task its card
+measures nothing for (text-to-image today) keeps the encoder. ``encoder_shortfall`` gives the measurement that
+withholds it, for the app to say why.
 
 Reads JSON files only: nothing here loads a model.
 """
@@ -171,6 +183,40 @@ def text_encoders(root=None) -> dict[str, str]:
     root = _root(root)
     return {label: str(root / folder) if folder and (root / folder / "config.json").is_file() else name
             for label, (name, folder) in TEXT_ENCODERS.items()}
+
+
+# A text encoder is offered for a task only within this of MiniLM's rate of drawing the asked digit (module
+# docstring): one clip of 40 is 2.5 points, so an encoder one clip behind MiniLM stays on offer.
+MINILM_MARGIN = 0.03
+
+
+def encoder_card(name) -> dict:
+    """The card of the text encoder ``load_text_encoder`` loads for ``name`` (``text_encoders``' values): a shipped
+    folder's card.json; {} for a name that is not a folder (MiniLM, the undistilled encoders)."""
+    return read_card(name) if (Path(name) / "config.json").is_file() else {}
+
+
+def encoder_rates(card: dict, task: str) -> list[dict]:
+    """The card's "vs_minilm" measurements for ``task`` that hold both rates as numbers."""
+    rows = card.get("vs_minilm")
+    if not isinstance(rows, list):
+        return []
+
+    def rate(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    return [r for r in rows if isinstance(r, dict) and r.get("task") == task and rate(r.get("digit"))
+            and rate(r.get("minilm_digit"))]
+
+
+def encoder_shortfall(card: dict, task: str) -> dict | None:
+    """The first measurement for ``task`` in which the encoder draws the asked digit more than ``MINILM_MARGIN``
+    less often than MiniLM (the encoder is then not offered for the task); None when it keeps up or nothing is
+    measured. Rounded so that a rate exactly 3 points below counts as within."""
+    for row in encoder_rates(card, task):
+        if round(row["minilm_digit"] - row["digit"], 9) > MINILM_MARGIN:
+            return row
+    return None
 
 
 # --- cards -------------------------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""What the video models understand in a prompt: the Video tab's help text, and the note beside a clip whose
+prompt they cannot read.
+
+Prompts are read as the clip scorer reads them (``mediagen.eval.moving_mnist.parse_prompt``, which reads every
+wording of ``mediagen.training.data.wordings``): digits 0–9 as numerals or number words ("7", "seven"), each
+moving the way of the direction word (left, right, up, down) after it; the Moving-MNIST data draws one or two
+digits a clip. What a shipped model was trained on is its card's "trained_on" (digits per clip, the wording).
+
+A prompt the models cannot read gets a note rather than silence: one that names no digit, a number above 9
+(a numeral of two or more digits, "ten" ... "ninety", "hundred"; the parser would read "12" as the digits 1
+and 2), more than two digits, or more digits than the model's training clips held.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..eval.moving_mnist import parse_prompt
+
+MAX_DIGITS = 2   # the Moving-MNIST data draws one or two digits a clip (``num_digits``)
+BIG_NUMBER_WORDS = frozenset((
+    "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+    "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million",
+    "dozen"))
+_COUNT = {1: "one digit", 2: "two digits"}
+
+
+def help_text(trained: dict[str, dict]) -> str:
+    """The Video tab's prompt help: what the models read, and what the served models were trained on
+    (``trained``: model name -> its card's "trained_on"; models without one are left out)."""
+    text = ("The models read the digits 0–9 (\"7\" or \"seven\") and the directions left, right, up and down, for "
+            "one digit or two (\"the digit 3 moves left while the digit 8 moves down\").")
+    groups: dict[tuple, list[str]] = {}
+    for name, what in trained.items():
+        digits = what.get("digits") if isinstance(what, dict) else None
+        if isinstance(digits, int) and not isinstance(digits, bool):
+            groups.setdefault((digits, what.get("wording")), []).append(name)
+    for (digits, wording), names in groups.items():
+        model = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+        verb = "are" if len(names) > 1 else "is"
+        worded = f", worded \"{wording}\"" if isinstance(wording, str) and wording else ""
+        text += f" {model} {verb} trained on {_COUNT.get(digits, f'{digits} digits')} a clip{worded}."
+    return text
+
+
+def _big_numbers(prompt: str) -> list[str]:
+    """The numbers above 9 a prompt names, as written ("12", "twenty")."""
+    words = re.findall(r"[a-z]+|\d+", prompt.lower())
+    return [w for w in words if (w.isdigit() and int(w) > 9) or w in BIG_NUMBER_WORDS]
+
+
+def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None) -> str:
+    """One line saying what the models cannot read in ``prompt``, "" when they read all of it. ``model`` /
+    ``trained_on``: the model drawing the clip and its card's "trained_on", for a prompt naming more digits
+    than its training clips held."""
+    prompt = prompt if isinstance(prompt, str) else ""
+    big = _big_numbers(prompt)
+    if big:
+        them = "it" if len(big) == 1 else "them"
+        return (f"The models cannot read {', '.join(big)} in this prompt: they know the digits 0–9 only, so the clip "
+                f"does not follow {them}.")
+    parsed = parse_prompt(prompt)
+    if parsed is None:
+        return ("The models cannot read this prompt: it names no digit. They draw the digits 0–9, named as \"7\" or "
+                "\"seven\" (\"the digit 7 moves left\"), so this clip shows no asked digit.")
+    named = len(parsed.digits)
+    digits = ", ".join(str(d) for d in parsed.digits)
+    if named > MAX_DIGITS:
+        return (f"The models cannot read this prompt: it names {named} digits ({digits}) and they draw one or two "
+                "a clip, so the clip does not show them all.")
+    trained = trained_on.get("digits") if isinstance(trained_on, dict) else None
+    if isinstance(trained, int) and not isinstance(trained, bool) and named > trained:
+        return (f"This prompt names {named} digits ({digits}): {model or 'this model'} is trained on "
+                f"{_COUNT.get(trained, f'{trained} digits')} a clip, so the clip may not show them all.")
+    return ""
