@@ -150,3 +150,34 @@ def test_quadratic_form_reuses_its_pair_weights_until_mc_changes():
     (ref_grad,) = torch.autograd.grad(mhla_reference(q, k, v, ref, grid, blocks, feature_map="relu").square().sum(), ref)
     assert torch.allclose(grad, ref_grad, rtol=1e-9, atol=1e-12)
     assert blocked._pair_weights(mix, blocked._token_ids(grid, blocks, q.device), torch.float64).requires_grad
+
+
+@pytest.mark.parametrize("fmap, rope, normalize, scale", [("relu", True, True, None), ("elu1", False, True, None),
+                                                         (None, True, False, 0.3), ("relu", False, False, None)])
+def test_sampling_form_of_even_blocks_equals_the_differentiable_form(monkeypatch, fmap, rope, normalize, scale):
+    """Without gradients, blocks that divide the grid take ``_even_blocks_sampling`` (features written block-major,
+    RoPE as one complex multiply, o written back in token order by the division), in fp32 and bf16 alike: the same
+    values as the form autograd records, in the inputs' dtype, from non-contiguous q, k, v too (chunks of a fused
+    projection)."""
+    blocked = importlib.import_module("mediagen.kernels.mhla.blocked")
+    taken = []
+    fast = blocked._even_blocks_sampling
+    monkeypatch.setattr(blocked, "_even_blocks_sampling", lambda *a: taken.append(1) or fast(*a))
+    grid, blocks, H, D = (4, 6, 4), (2, 3, 2), 2, 16
+    N = math.prod(grid)
+    qkv = torch.randn(2, N, 3 * H * D).requires_grad_()
+    q, k, v = (t.unflatten(2, (H, D)) for t in qkv.chunk(3, dim=-1))
+    if fmap is None:
+        q, k = q.abs(), k.abs()
+    mix = torch.nn.Parameter(torch.rand(math.prod(blocks), math.prod(blocks)))
+    angle = torch.rand(N, D // 2) * 6
+    kw = dict(normalize=normalize, feature_map=fmap, scale=scale, rope=(angle.cos(), angle.sin()) if rope else None)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        args = [t.to(dtype) for t in (q, k, v)]
+        want = mhla_blocked(*args, mix, grid, blocks, **kw, form="blocked")  # recorded by autograd: the generic form
+        assert want.requires_grad and not taken
+        with torch.no_grad():
+            got = mhla_blocked(*args, mix, grid, blocks, **kw, form="blocked")
+        assert taken == [1] and got.dtype == dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want.detach(), rtol=tol, atol=tol)
+        taken.clear()

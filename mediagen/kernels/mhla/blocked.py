@@ -113,6 +113,79 @@ def _quadratic(qf, kf, qn, kn, v, mix, ids, normalize, eps, scale):
     return o.transpose(1, 2)
 
 
+def _sampling(*tensors) -> bool:
+    """Whether the even-blocks form may write into buffers it owns (``out=``): nothing is differentiated and
+    nothing is traced."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+
+
+def _even_blocks_sampling(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, cos, sin, acc):
+    """The blocked form where every axis splits into equal blocks and nothing is differentiated (sampling), with
+    each full-size pass over the tokens fused into the next where PyTorch's ``out=`` allows it:
+
+    - the feature map writes the block-major copy of q and of k directly (the block layout is a permuted view of
+      the tokens: one pass each, where the generic form took the feature map, then the copy);
+    - RoPE is one complex multiply on the block-major features with the tables put in block order (a (M, n, D/2)
+      copy of (N, D/2) tables), where ``rotate_pairs`` takes six passes and a stack per tensor;
+    - the division by the denominator writes o back in token order, in q's dtype (the inverse permute, one pass).
+
+    Same math and the same fp32 (fp64 for fp64) accumulation as the generic form; rounding may differ in the
+    last bit (complex multiply). 2-core CPU, fp32, the video models' shape (B = 2, 32x16x16 tokens, 6 x 64,
+    blocks 4x2x2, relu, RoPE): see benchmarks/RESULTS.md (CPU sampling of the video models)."""
+    B, N, H, D = q.shape
+    M, n = math.prod(blocks), N // math.prod(blocks)
+    nd = len(grid)
+    split = [d for g, b in zip(grid, blocks) for d in (b, g // b)]
+    order = (0, 2 * nd + 1, *range(1, 2 * nd, 2), *range(2, 2 * nd + 1, 2), 2 * nd + 2)
+    permuted = (B, H, *blocks, *(g // b for g, b in zip(grid, blocks)))
+
+    def view(x):  # (B, N, H, E) tokens -> (B, H, *blocks, *block sizes, E), a permuted view (no copy)
+        return x.reshape(B, *split, H, x.shape[-1]).permute(order)
+
+    def blocked_features(x):  # phi(x) in block-major order (B, H, M, n, D), fp32 / fp64, one pass
+        out = torch.empty(permuted + (D,), dtype=acc, device=x.device)
+        if feature_map == "relu" and x.dtype == acc:  # (clamp_min's out= takes its input's dtype only)
+            torch.clamp_min(view(x), 0, out=out)
+        else:
+            out.copy_(view(x))
+            if feature_map == "relu":
+                out.relu_()
+            elif feature_map is not None:  # elu1: elu(x) + 1, in place
+                F.elu_(out).add_(1.0)
+        return out.view(B, H, M, n, D)
+
+    qf, kf = blocked_features(q), blocked_features(k)
+    if cos is None:
+        qn, kn = qf, kf
+    else:
+        rot = torch.complex(cos.to(acc), sin.to(acc)).reshape(1, *split, 1, D // 2).permute(order)
+        rot = rot.reshape(M, n, D // 2)                                   # the tables in block order
+
+        def rotated(x):  # R_t x_t on (B, H, M, n, D) features: channel pairs (2j, 2j+1) as complex numbers
+            return torch.view_as_real(torch.view_as_complex(x.view(B, H, M, n, D // 2, 2)) * rot).view(x.shape)
+
+        qn, kn = rotated(qf), rotated(kf)
+    V = torch.empty((B, H, M, n, D), dtype=acc, device=v.device)
+    V.view(permuted + (D,)).copy_(view(v))
+    S = kn.transpose(-1, -2) @ V                                          # (B, H, M, D, D): S_b
+    del V
+    m = mix.detach().to(acc).expand(B, H, M, M)
+    S = (m @ S.reshape(B, H, M, D * D)).view(B, H, M, D, D)               # S~_i = sum_b mix[i, b] S_b
+    o = qn @ S                                                            # (B, H, M, n, D)
+    out = torch.empty((B, N, H, D), dtype=q.dtype, device=q.device)
+    if normalize:
+        z = m @ kf.sum(3)                                                 # (B, H, M, D): z~
+        den = (qf @ z[..., None]).add_(eps)                               # (B, H, M, n, 1)
+        torch.div(o.view(permuted + (D,)), den.view(permuted + (1,)), out=view(out))
+    elif scale is not None:
+        torch.mul(o.view(permuted + (D,)), scale, out=view(out))
+    else:
+        view(out).copy_(o.view(permuted + (D,)))
+    return out
+
+
 def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=None, scale=None,
                  rope=None, form="auto"):
     """MHLA with the arguments of ``mhla``; accumulation in fp32 (fp64 for fp64 inputs). ``form``: "blocked",
@@ -133,6 +206,8 @@ def mhla_blocked(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, featur
         o = _quadratic(qf, kf, qn, kn, v.to(acc), mix, _token_ids(grid, blocks, q.device), normalize, eps, scale)
         return o.to(q.dtype)
     if all(g % b == 0 for g, b in zip(grid, blocks)):
+        if _sampling(q, k, v, mix, cos, sin):
+            return _even_blocks_sampling(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, cos, sin, acc)
         M, n_max = math.prod(blocks), N // math.prod(blocks)
         # (B, N, H, E) as (B, b0, g0/b0, b1, g1/b1, ..., H, E), permuted to heads, block axes, in-block axes
         split = [d for g, b in zip(grid, blocks) for d in (b, g // b)]
