@@ -5,10 +5,10 @@
 a depthwise convolution of the tokens v (B, N, C) over their (G0, G1, G2) grid (row-major, zero past the
 grid's ends, odd kernel sizes centred on the token) plus its bias, added to o (B, N, C). The tokens stay in
 their own layout: no channels-first copy, no separate add. Where a model samples on a GPU this replaces a
-layout copy, the conv and the add (about 120 µs of host time per layer eager: the class-to-image DiT on the
-H200); accumulation is fp32 with one rounding at the end. An MHLA layer sampling eager hands its CPE to the op
-instead, whose dense forward adds the same sum before it stores o (``kernels/mhla/triton_dense.py``) while its
-launch fits in one wave.
+layout copy, the conv and the add, and their host time eager (measured: benchmarks/RESULTS.md, Alternatives behind
+the defaults and rules); accumulation is fp32 with one rounding at the end. An MHLA layer sampling eager hands its
+CPE to the op instead, whose dense forward adds the same sum before it stores o (``kernels/mhla/triton_dense.py``)
+while its launch fits in one wave.
 
 Forward only: training goes through ``nn.Conv*`` and autograd. ``cpe_add_reference`` is the plain-PyTorch
 oracle (``torch.nn.functional.conv3d``).
@@ -112,7 +112,7 @@ def _launch(shape, strides, g3, k3, has_bias) -> CachedLaunch:
     B, N, C = shape
     (sob, son), (svb, svn) = strides
     # 16 tokens x 64 channels, 2 warps: the best over image-mhla's B = 2 and 128 and video-mhla's B = 2 together
-    # (H200, bf16: 2.34 / 16.51 / 2.59 us against 3.20 / 22.63 / 2.80 at 32 x 128, 4 warps; benchmarks/RESULTS.md)
+    # (measured: benchmarks/RESULTS.md, Kernel launch settings, CPE)
     BT, BC = 16, min(64, max(16, triton.next_power_of_2(C)))
     return CachedLaunch((triton.cdiv(N, BT), triton.cdiv(C, BC), B), (N, C, g3[1], g3[2], sob, son, svb, svn),
                         dict(K0=k3[0], K1=k3[1], K2=k3[2], HAS_BIAS=has_bias, BT=BT, BC=BC, num_warps=2))

@@ -13,8 +13,8 @@ aligned (Triton's pointer specialisation), whether they are all CUDA tensors, an
 (Triton compiles per device). Any other case, and every call under the CPU interpreter (whose dispatch returns
 no compiled kernel), goes through the dispatch as before. A direct launch passes the tensors' data pointers as
 ints, which the alignment check reads anyway: given a tensor, Triton's launcher calls its ``data_ptr`` again
-and asks the CUDA driver what kind of pointer it is, per argument (the dense kernel's launcher took 14.8 us
-with tensors and 10.4 with their pointers as ints, H200 machine's host, triton 3.6).
+and asks the CUDA driver what kind of pointer it is, per argument (measured: benchmarks/RESULTS.md, Alternatives
+behind the defaults and rules).
 
 ``use_switches(direct_launch=False)`` (switches.py; or MEDIAGEN_DIRECT_LAUNCH=0 in the environment) sends every
 launch through the dispatch.

@@ -130,7 +130,8 @@ class DenseGradSettings:
     program, BS of the others per step, warps, stages; fp32 inputs take at most 32 of each
     (tiles.dense_grad_tiles). fit_short: a sequence shorter than a tile takes tiles fitted to it (one whole step,
     one stage); tail: the last keys (rows) in a narrower step (tiles.dense_tail). Both off reproduce the launches
-    that gave wrong half-precision gradients on the H200 at 29 tokens (benchmarks/dense_grad_cases.py)."""
+    that gave wrong half-precision gradients on the H200 at 29 tokens (benchmarks/dense_grad_cases.py;
+    benchmarks/RESULTS.md, The dense backward at 29 tokens)."""
 
     BT: int
     BS: int
@@ -197,53 +198,44 @@ class MixGradSettings:
 Settings = Union[ChunkedSettings, DenseSettings, DenseSplitSettings, DenseGradSettings, MixSettings,
                  MixGradSettings]
 
-# Each default is the fastest setting measured on an H200 (benchmarks/RESULTS.md, kernel launch settings);
-# the comments give the rule and the measurement that decided it. lowp (apply, query_grad, key_grad, mix):
-# products in the input dtype make the Wan 480p forward 12% and forward+backward 25% faster than tf32
-# products of fp32 copies, within the bf16 error bound.
+# Each default is the fastest setting measured on an H200; the comments give the rule, and the measurements that
+# decided it are in benchmarks/RESULTS.md, Kernel launch settings (the defaults' times) and its "Alternatives behind
+# the defaults and rules" (what each replaced). lowp (apply, query_grad, key_grad, mix): products in the input
+# dtype, faster than tf32 products of fp32 copies and within the bf16 error bound.
 DEFAULTS: Mapping[str, Settings] = MappingProxyType({
-    # prefetch pays where a step's loads are few (summary 76.7 -> 72.6 us at Wan 480p; apply and key_grad
-    # are slower with it). one_step: a single token step (DiT-XL/2 512 px, 64-token blocks) gains nothing
-    # from pipelining the one load, so 1 stage (summary 64.6 -> 38.3 us).
+    # prefetch pays where a step's loads are few (summary; apply and key_grad are slower with it). one_step: a
+    # single token step (DiT-XL/2 512 px, 64-token blocks) gains nothing from pipelining the one load, so 1 stage.
     "summary": ChunkedSettings(TILE=128, BT=64, warps=8, stages=3, prefetch=True,
                                one_step=OneStepVariant(stages=1)),
-    # fp32: exact products at the bf16 tiles fall back to 32 registers and spill 18-55 KB per thread
-    # (kernel_resources.py --fp32): 22.5 ms against 0.58 ms at Wan 480p with these.
+    # fp32: exact products at the bf16 tiles fall back to 32 registers and spill (kernel_resources.py --fp32),
+    # far slower than these tiles.
     "apply": ChunkedSettings(TILE=128, BT=64, warps=4, stages=3, lowp=True,
                              fp32=ChunkedVariant(BT=16, warps=8, stages=2)),
-    # prefetch with 3 stages (2 without): 214.9 vs 250.6 us at Wan 480p. One launch computes dq and
-    # dS~ together: splitting them (dS~ by a second pass over q and g) is slower at every chunked shape
-    # (254 vs 215 us at Wan 480p).
+    # prefetch with 3 stages (2 without). One launch computes dq and dS~ together: splitting them (dS~ by a
+    # second pass over q and g) is slower at every chunked shape.
     "query_grad": ChunkedSettings(TILE=128, BT=16, warps=4, stages=3, lowp=True, prefetch=True),
-    # one_step: key_grad 60.2 -> 52.0 us at DiT-XL/2 512 px; fp32: as apply's (58.0 against 4.78 ms).
+    # one_step: a single token step takes 8 warps and 1 stage; fp32: as apply's.
     "key_grad": ChunkedSettings(TILE=128, BT=64, warps=4, stages=3, lowp=True,
                                 one_step=OneStepVariant(warps=8, stages=1),
                                 fp32=ChunkedVariant(BT=16, TILE=32, warps=4, stages=2)),
     # (BT is capped at 64 for fp32 inputs: tiles.dense_settings)
     # short: at the class-to-image models' 196 tokens (D = 64, no gradients, rows filled as shipped) one tile of 256
-    # rows, 3 stages, was the best over batches 2 to 128 (geometric mean of time over each batch's best 1.05; 128
-    # rows, 2 stages 1.17; 64 rows, 4 warps 1.08): B = 128 34.5 against 48.3 us (cuDNN 25.6), B = 32 11.8 against
-    # 15.0 (11.3), B = 2 and 8 6.1 / 7.9 against 6.1 / 7.5 (7.4 / 7.6). 1,024 tokens keep 128 rows (video-mhla,
-    # B = 2: 32.0 us against 38.2 with 64 rows).
+    # rows, 3 stages, was the best over batches 2 to 128 taken together (geometric mean of time over each batch's
+    # best); 1,024 tokens keep 128 rows (video-mhla, B = 2), hence short_tokens = 256.
     "dense": DenseSettings(BT=128, BS=64, warps=8, stages=2, onehot=True,
                            short=DenseVariant(BT=256, BS=64, warps=8, stages=3), short_tokens=256),
-    # 256 queries and 64 keys per step: 15.8 us at DiT-XL/2 256 px, the sweep's best with 16-byte aligned
-    # rows (32 keys with 3 stages: 16.4 us)
+    # 256 queries and 64 keys per step: at DiT-XL/2 256 px the sweep's best with 16-byte aligned rows
     "dense_split": DenseSplitSettings(BT=256, BS=64, warps=8, stages=2),
-    # 128 rows per program, 64 per step: DiT-XL/2 256 px forward + backward 126 us at B = 8 and 952 at B = 64
-    # (64 rows, 4 warps, 2 stages: 140 and 991; benchmarks/RESULTS.md, kernel launch settings)
+    # 128 rows per program, 64 per step: the best forward + backward at DiT-XL/2 256 px, B = 8 and 64
     "dense_grad": DenseGradSettings(BT=128, BS=64, warps=8, stages=3),
-    # Streaming over column tiles with 4 programs per SM: Wan 480p 27.6 us at 64 columns (35-39 with one
-    # tile per program), DiT-XL/2 512 px 9.6 us at 256 (11.8). lowp: bf16 products in the mix, 11.0 vs
-    # 27.3 us at Wan 480p (SANA 4K 5.8 vs 13.5), within the bf16 error bound; 4 stages is Wan 480p's best
-    # (3: 11.3 us). fp32: exact products over a one-step K spill registers at 4 warps (0.3-12 KB at 64 or
-    # 128 columns; none with these).
+    # Streaming over column tiles with 4 programs per SM (faster than one tile per program at Wan 480p and
+    # DiT-XL/2 512 px). lowp: bf16 products in the mix, within the bf16 error bound; 4 stages is Wan 480p's
+    # best. fp32: exact products over a one-step K spill registers at 4 warps (none with these).
     "mix": MixSettings(acc=4096, BK=16, per_sm=4, warps=4, stages=4, lowp=True,
                        fp32=MixVariant(BX=64, warps=8, stages=3)),
-    # 512 columns and 64 blocks per step: DiT-XL/2 512 px 30.8 -> 21.1 us, SANA 4K 20.3 -> 16.9 us against
-    # 1,024 and 32. part_sum_kernel beats torch's reduction once it has enough programs (Wan 480p 23.3 vs
-    # 26.6 us with 57 programs, SANA 4K 14.7 vs 17.1 with 64) and loses with few (DiT-XL/2 512 px, 4
-    # programs: 27.9 vs 21.4), hence "auto" from 32.
+    # 512 columns and 64 blocks per step (faster than 1,024 and 32 at DiT-XL/2 512 px and SANA 4K).
+    # part_sum_kernel beats torch's reduction once it has enough programs (Wan 480p: 57, SANA 4K: 64) and
+    # loses with few (DiT-XL/2 512 px: 4), hence "auto" from 32.
     "mix_grad": MixGradSettings(XT=512, BK=64, warps=4, stages=3, sum="auto", sum_programs=32, BR=16, BY=64),
 })
 KERNELS = tuple(DEFAULTS)

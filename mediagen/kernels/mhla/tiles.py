@@ -107,8 +107,9 @@ FORCED_SPLITS = max(1, int(os.environ["MEDIAGEN_MHLA_SPLITS"])) if os.environ.ge
 
 def choose_splits(B, H, M, largest_block, D, device) -> int:
     """Token splits per block, only when the chunked kernels would launch fewer programs than
-    there are SMs (few heads and blocks, e.g. global linear attention): on the H200 the sweep
-    measured splits as slower whenever B*H*M alone fills the GPU (more summaries to write and mix).
+    there are SMs (few heads and blocks, e.g. global linear attention): splits are slower whenever B*H*M alone
+    fills the GPU, more summaries to write and mix (measured: benchmarks/RESULTS.md, Kernel launch settings,
+    dropped).
     ``FORCED_SPLITS``, when set, instead."""
     if FORCED_SPLITS is not None:
         return FORCED_SPLITS
@@ -120,12 +121,11 @@ def choose_splits(B, H, M, largest_block, D, device) -> int:
     return max(1, min(want, math.ceil(largest_block / (2 * BT))))
 
 
-# Host seconds per launch charged by ``choose_algorithm``. Eager, the host issues every launch on every call: a
-# direct launch took 11-18 us on the H200 machine's host, and the chunked forward also allocates the summaries
-# it writes; at the video model's sampling shape (B = 2, 1,024 tokens, 6 x 64, 16 blocks) the dense forward
-# made an eager forward pass 1.8 ms faster over 8 layers (median of 10 interleaved rounds) although its GPU time
-# was 0.18 ms longer. Traced code (torch.compile, CUDA graphs) launches from generated code or replays a graph,
-# so there the GPU time decides.
+# Host seconds per launch charged by ``choose_algorithm``. Eager, the host issues every launch on every call, and
+# the chunked forward also allocates the summaries it writes; at the video model's sampling shape the dense forward
+# made an eager forward pass faster although its GPU time was longer (measured: benchmarks/RESULTS.md, Alternatives
+# behind the defaults and rules). Traced code (torch.compile, CUDA graphs) launches from generated code or replays a
+# graph, so there the GPU time decides.
 EAGER_LAUNCH_S, TRACED_LAUNCH_S = 20e-6, 5e-6
 
 
@@ -136,7 +136,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     without rope the forward and backward are costed together: the chunked pair moves its summaries about 11
     times (S, S~, dS~, dS written and read; 9 launches), the dense pair does the forward's two token-pair
     products and the backward's seven (three launches) at ~140 TFLOP/s over key tiles of 64 (calibrated on the
-    H200, bf16: DiT-XL/2 256 px B = 8 and 64, the image models' 196 tokens at B = 256; benchmarks/RESULTS.md).
+    H200 rows of benchmarks/RESULTS.md, Forward + backward at training shapes: the dense backward).
     With rope (or over ``DENSE_BACKWARD_MAX_BLOCKS`` blocks) the dense forward's backward is the chunked one, so only
     the forwards are compared."""
     es = 4 if dtype == torch.float32 else 2
@@ -164,9 +164,10 @@ def _tokens_per_program(largest, J, dtype):
 def fill_rows(BT: int, warps: int, BH: int, N: int, sms: Optional[int]) -> tuple[int, int]:
     """The dense forward's query rows per program and warps for a launch of ``BH`` batch x heads over ``N``
     tokens: while it has fewer programs than half the SMs, halve the rows (to 16 at the least; halved below 128
-    rows, 4 warps at most; a launch that fills the GPU as set keeps its rows and warps). At a small batch the set tiles leave most SMs idle: image-mhla's sampling (B = 2, 196 tokens, 3
-    heads) ran 12 programs of 128 rows in 7.7 us, 78 programs of 16 rows take 6.1 (cuDNN 7.4); at B = 8 96 of 64
-    rows 7.4 against 7.9 (H200; benchmarks/RESULTS.md, kernel launch settings). ``sms`` None (no GPU): as set."""
+    rows, 4 warps at most; a launch that fills the GPU as set keeps its rows and warps). At a small batch the set
+    tiles leave most SMs idle: at image-mhla's sampling (B = 2, 196 tokens, 3 heads) 78 programs of 16 rows are
+    faster than 12 of 128 (measured: benchmarks/RESULTS.md, Kernel launch settings, the dense forward fills the
+    GPU). ``sms`` None (no GPU): as set."""
     if sms is None:
         return BT, warps
     rows = BT
@@ -184,8 +185,8 @@ def dense_tail(N: int, BS: int, width: int, fp32: bool) -> int:
     a power of two (16 at least; 0 when that is BS or N is a multiple of BS). The full steps then stop at the last
     multiple of BS. Half-precision inputs with head-dim tiles of at most 128 columns (``width``, both pieces), where
     it was measured; other inputs keep whole steps. At image-mhla's 196 tokens (64-key steps) the last step reads 16
-    keys instead of 64: the forward 32.2 against 34.6 us at B = 128, 10.7 against 11.8 at B = 32, 7.0 against 7.8 at
-    B = 8 (H200, bf16, CUDA graph; benchmarks/RESULTS.md, kernel launch settings)."""
+    keys instead of 64, which is faster at every batch measured (benchmarks/RESULTS.md, Kernel launch settings, the
+    last keys in a narrower step)."""
     rest = N % BS
     if fp32 or width > 128 or not rest:
         return 0
@@ -196,9 +197,8 @@ def dense_tail(N: int, BS: int, width: int, fp32: bool) -> int:
 def _cpe_pays(grid: tuple, sms: Optional[int]) -> bool:
     """Whether the dense forward adds the CPE itself: while its launch has no more programs than the GPU has SMs.
     Such a launch is bound by each program's latency and the taps' loads hide in it; a launch of several waves
-    pays their L2 traffic (nine re-reads of v per tile). H200, image-mhla's 196 tokens, bf16: at B = 2 and 8 the
-    dense forward with the taps took 8.27 / 11.29 us against 8.92 / 11.13 for it and the CPE kernel, at B = 128
-    (384 programs) 66.2 against 54.9. Without a GPU (the interpreter) always."""
+    pays their L2 traffic (nine re-reads of v per tile); measured at image-mhla's 196 tokens: benchmarks/RESULTS.md,
+    Kernel launch settings, the CPE in the dense forward's epilogue. Without a GPU (the interpreter) always."""
     return sms is None or grid[0] * grid[1] <= sms
 
 
@@ -208,18 +208,18 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
     stages. ``N`` (None: a long sequence): a sequence shorter than a tile takes tiles of N rounded up to a power
     of two (16 at least), so that each walk is one whole step, without a tail step or a loop that runs no
     step, and with no software pipelining (one stage: a single step has nothing to prefetch). The set tiles
-    there gave wrong gradients in half precision on the H200 (triton 3.6; N = 29, D = 96, BT = 128, a 32-key
-    tail after a loop of no steps, 3 stages: dq 0.47 off fp64, dMc 0.2 and once garbage) while Triton's
-    interpreter computed the same launch right."""
+    there gave wrong gradients in half precision on the H200 under triton 3.6 (N = 29, D = 96, BT = 128, a 32-key tail
+    after a loop of no steps, 3 stages) while Triton's interpreter computed the same launch right
+    (benchmarks/RESULTS.md, The dense backward at 29 tokens)."""
     c = settings["dense_grad"]
     fp32 = dtype == torch.float32
     BD, BD2 = dense_head_pieces(D, False) if not fp32 else (max(16, _next_pow2(D)), 0)
     BT, BS = (min(c.BT, 32), min(c.BS, 32)) if fp32 or BD > 128 else (c.BT, c.BS)
     stages = c.stages
     if fp32 and BD > 128:
-        # fp32 tiles of 256 columns (head dims 129-256): 32 rows and 32 per step with 3 stages ask for 237,824 bytes
-        # of shared memory (the H200 has 232,448) and spill 15 KB; 16 and 16 with 2 stages take 85,056 and spill
-        # 416-648 bytes (benchmarks/kernel_resources.py's compile, sm_90a)
+        # fp32 tiles of 256 columns (head dims 129-256): 32 rows and 32 per step with 3 stages ask for more shared
+        # memory than the H200 has, and spill; 16 and 16 with 2 stages fit (benchmarks/kernel_resources.py's
+        # compile, sm_90a; benchmarks/RESULTS.md, Kernel launch settings, dense_grad fp32)
         BT, BS, stages = min(BT, 16), min(BS, 16), min(stages, 2)
     warps = c.warps
     if c.fit_short and N is not None and N < max(BT, BS):
@@ -232,9 +232,9 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
     if c.fit_short and c.tail and N is not None and dense_tail(N, BS, BD + BD2, fp32) and N // BS < stages - 1:
         # a narrower tail step after fewer full steps than the pipeline is deep: at 29 tokens with 128 rows, 64
         # per step and a 32-row tail after a loop of no steps, 3 stages compiled the tail step's dot to shared-memory
-        # addresses out of range (compute-sanitizer, dense_query_grad_kernel; 8 warps: an illegal address, 4 warps:
-        # dq 0.48 and dMc 0.22 off fp64); 1 stage, no tail step, or 32-row tiles computed it right (H200, triton
-        # 3.6; benchmarks/dense_grad_cases.py, benchmarks/RESULTS.md)
+        # addresses out of range (compute-sanitizer, dense_query_grad_kernel: an illegal address or wrong dq and
+        # dMc); 1 stage, no tail step, or 32-row tiles computed it right (H200, triton 3.6;
+        # benchmarks/dense_grad_cases.py; benchmarks/RESULTS.md, The dense backward at 29 tokens)
         stages = 1
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=warps, stages=stages)
 

@@ -20,9 +20,8 @@ kernels that read summaries (apply, query_grad, key_grad and triton_mix.py's), f
 Triton marks a run-time int 16-divisible only when it is (X = 16,512 at D = 128 is, 5,256 at D = 72 is
 not), and with a run-time X every S~ / dS row is read in 2-byte loads (129 per thread in apply instead of 16
 of 16 bytes, `benchmarks/kernel_resources.py`). The summary kernel keeps a run-time X on purpose: 16-byte
-stores would first move the accumulator out of the tensor-core layout through shared memory, which at
-DiT-XL/2 512 px takes 200 us against 119 us with 2-byte stores (H200, benchmarks/RESULTS.md, kernel
-launch settings).
+stores would first move the accumulator out of the tensor-core layout through shared memory, which is slower
+than 2-byte stores (measured: benchmarks/RESULTS.md, Kernel launch settings, dropped).
 AL: the batch, token and head strides of q, k, v and their outputs arrive divided by AL (a power of two up to
 16 dividing all of them, launches.stride_unit) and are multiplied back here, so that the compiler knows
 each token row starts 16-byte aligned. Without it, at DiT's head dim 72 the head stride 72 is not one
@@ -32,14 +31,14 @@ Accumulation is fp32; DOT_F32 upcasts dot operands (fp32 inputs, and the CPU int
 bf16 dot is wrong); IEEE selects exact fp32 dots over tf32.
 Row sums run on the tensor cores as products with a one-hot column (``first_column``): z = sum phi(k_s)
 is phi(K)^T e_0 summed over the 16 columns; with half-precision products (LOWP) apply's q.z~ is
-q [z_hi | z_lo | 0..] (``hi_lo_columns``): on the H200 at Wan 480p cross-lane reductions cost more than a
-tenth of each kernel (benchmarks/RESULTS.md, kernel launch settings). query_grad keeps cross-lane sums:
-the same products there, with 8 warps, compute wrong dz~ and fault on the H200 under triton 3.6.
+q [z_hi | z_lo | 0..] (``hi_lo_columns``): cross-lane reductions are slower (measured: benchmarks/RESULTS.md,
+Alternatives behind the defaults and rules). query_grad keeps cross-lane sums: the same products there, with 8
+warps, compute wrong dz~ and fault on the H200 under triton 3.6 (Kernel launch settings, dropped).
 PREFETCH: a program walks its block's sorted token list in steps of BT, and each step's rows are addressed
 by ids loaded from that list; with PREFETCH the ids of the next step are loaded during this one, so a step
-does not start with a dependent round trip (ids, then rows). On the H200 it pays in summary and query_grad
-and not in apply and key_grad (the ``prefetch`` launch setting, settings.py; benchmarks/RESULTS.md, kernel
-launch settings).
+does not start with a dependent round trip (ids, then rows). It pays in summary and query_grad and not in
+apply and key_grad (the ``prefetch`` launch setting, settings.py; measured: benchmarks/RESULTS.md, Kernel launch
+settings).
 The forward's summaries (S, z and the mixed S~, z~) are stored in fp32 for every input dtype; the backward's
 dS~ and dS in bf16 for bf16 inputs (tiles.summary_dtype, grad_summary_dtype say why). With LOWP,
 query_grad multiplies an fp32 S~ as two parts in the input dtype (hi + lo), since dq subtracts two nearly

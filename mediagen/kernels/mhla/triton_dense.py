@@ -13,8 +13,7 @@ product as the padding column D of v set to ones, instead of a row reduction per
 BD2 > 0 splits the head dim into two power-of-two pieces of BD and BD2 columns (DiT's 72, with its
 denominator column, as 64 + 16 instead of one 128-wide tile): the scores add the two pieces'
 products, and v and the output are two tiles, 80 columns instead of 128; with its own launch settings
-(``dense_split``) the kernel takes 15.8 us at DiT-XL/2 256 px on the H200 (benchmarks/RESULTS.md, kernel
-launch settings).
+(``dense_split``; measured: benchmarks/RESULTS.md, Kernel launch settings).
 SAVE (normalised, ahead of the dense backward, triton_dense_grad.py): each row's 1 / den_t goes to INV (B*H, N,
 fp32) and, with LO_PART (half-precision o), what rounding o to its dtype lost, o_fp32 - o, to LO (bf16, o's
 layout): o + lo carries o to about 2^-16 relative, which g.o in the backward needs.

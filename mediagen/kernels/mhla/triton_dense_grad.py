@@ -98,9 +98,9 @@ def _weights(rows_of_mix, onehot, IEEE: tl.constexpr):
 def _block_sums(r, onehot, IEEE: tl.constexpr):
     """r (R, C) fp32 summed over its columns per column block: r @ onehot (C, BM), on the tensor cores in tf32
     for half-precision inputs (the sums' relative error about 2e-4 in an fp64 emulation, beside bf16's 2^-8;
-    exact fp32 products took as long as the tile's three bf16 products together: DiT-XL/2 256 px B = 8 forward
-    + backward 127 against 106 us, H200), in exact fp32 products for fp32 inputs. (In bf16 parts on the tensor
-    cores triton 3.6 read shared memory out of bounds on the H200, compute-sanitizer.)"""
+    exact fp32 products took as long as the tile's three bf16 products together: benchmarks/RESULTS.md, Forward +
+    backward at training shapes: the dense backward), in exact fp32 products for fp32 inputs. (In bf16 parts on
+    the tensor cores triton 3.6 read shared memory out of bounds, compute-sanitizer; the same section, dropped.)"""
     if IEEE:
         return tl.dot(r, onehot, input_precision="ieee")
     else:

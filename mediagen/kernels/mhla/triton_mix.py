@@ -5,8 +5,8 @@ mix_kernel:       out[bh, i, x] = sum_j' A[h, i, j' // J] * src[bh, j', x]   (S~
                   (the summaries of a bf16 forward that nothing differentiates, tiles.summary_dtype; fp32
                   otherwise); the product is fp32 (tf32 unless IEEE), or with
                   LOWP (the ``lowp`` launch setting, on by default) bf16 x bf16 for bf16 summaries, Mc rounded
-                  to bf16: 11.0 vs 27.3 us at Wan 480p on the H200 (benchmarks/RESULTS.md, kernel launch
-                  settings).
+                  to bf16, faster than tf32 products of fp32 copies (measured: benchmarks/RESULTS.md, Kernel
+                  launch settings).
                   Each program owns a row tile and walks every P-th column tile (P column programs, a few
                   programs per SM in all): A is read once per program when K fits one step (not once per
                   column tile), and each program streams long enough for the pipeline to overlap its loads.

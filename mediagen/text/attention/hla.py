@@ -69,8 +69,8 @@ class HLAttention(nn.Module):
 
     ``short_max_tokens``: sequences of at most this many tokens take the short path (``_forward_short``);
     0 never takes it; at most ``SHORT_MAX_CHUNKS * chunk`` (the default, 512 tokens). At prompt lengths
-    the layer's time is the host's, issuing ops (on an H200 the whole encoder on the chunked path took
-    ~10 ms at 77 tokens and ~15 ms at 512, softmax attention's ~1.7 ms), and the short path issues a
+    the layer's time is the host's, issuing ops (the chunked path's encoder several times softmax attention's
+    there: benchmarks/RESULTS.md, Encoding latency, ``hla-long``), and the short path issues a
     fraction of them; its (N x N) matrices cost O(N^2) memory, small up to two chunks, while longer
     sequences keep the chunked path, linear in memory and the one measured at 32K tokens."""
 
@@ -329,8 +329,8 @@ class HLAttention(nn.Module):
     def _short_kernels(self, x, n: int) -> bool:
         """Whether the short path runs on the Triton kernels of ``kernels.hla.short`` (``short_backend``) for n
         tokens. "auto" takes them for one chunk, and for two in bf16 only: the walk with its second (restarted)
-        state is 4x faster than the torch ops' solve when its products take tf32 (a bf16 layer), and slower
-        with exact fp32 products (fp32 and fp16 layers) on the H200 (benchmarks/RESULTS.md, text encoders)."""
+        state is faster than the torch ops' solve when its products take tf32 (a bf16 layer), and slower
+        with exact fp32 products (fp32 and fp16 layers) (measured: benchmarks/RESULTS.md, Encoding latency)."""
         backend = self.short_backend
         if backend == "auto":
             fast = n <= self.chunk or x.dtype == torch.bfloat16

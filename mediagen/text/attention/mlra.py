@@ -42,8 +42,8 @@ from .rope import apply_rope_tables, rope_tables
 LATENT_HEADS = 4
 
 # Sequences of at most this many tokens take the short path (``MLRAttention.short_max_tokens``). At prompt
-# lengths the layer's time is the host's, issuing ops (on an H200 the whole MLRA encoder took the same
-# ~11 ms at 77 and at 512 tokens), so there the form with the fewest ops wins. From a few thousand tokens
+# lengths the layer's time is the host's, issuing ops (measured: benchmarks/RESULTS.md, Encoding latency, the
+# per-branch path ``mlra2-long``), so there the form with the fewest ops wins. From a few thousand tokens
 # on, the attention kernel's time dominates and the per-branch form, the one measured at 4K-32K tokens,
 # is kept. 1024 covers the prompt lengths (64, 77, 512) and leaves the measured long lengths as they were.
 SHORT_MAX_TOKENS = 1024

@@ -39,8 +39,8 @@ class MultiHeadSelfAttention(nn.Module):
             k, v = cache["k"], cache["v"]
             if q.shape[1] == 1:
                 # every step has a new key length; cuDNN's SDPA builds an execution plan per shape, so
-                # decode steps use the flash / memory-efficient kernels (the H200 run of 2026-11-30
-                # measured 36-60 ms per step, flat in the context length, with torch's default choice)
+                # decode steps use the flash / memory-efficient kernels (measured: benchmarks/RESULTS.md,
+                # Decode: MLRA with a latent cache against MHA with a KV cache)
                 with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
                     o = self.attend(q, k, v)
             else:                                   # prefill: causal over the whole cache

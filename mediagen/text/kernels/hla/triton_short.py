@@ -13,9 +13,8 @@ in registers; from the second chunk's first block on it also runs the state rest
 blends o = lerp(o^in, o, gate); then the per-head RMSNorm, and each row is stored once in the output dtype.
 Everything in fp32. The blocks' products are exact (the triangular inverse amplifies rounding); the walk's
 are exact too, except for a bf16 output, where they take tf32 (products to 11 bits, finer than the 8 that
-bf16 stores): on the H200 that took a MiniLM-size encoder at 77 tokens from 0.332 to 0.288 ms and at 512
-(two chunks) from 4.68 to 0.838 ms (CUDA graph, batch 1); exact products with fewer warps were 2.7-3.6x slower
-(benchmarks/RESULTS.md, text encoders).
+bf16 stores): exact products are slower, most at two chunks, also with fewer warps (measured:
+benchmarks/RESULTS.md, Encoding latency).
 """
 
 from __future__ import annotations
