@@ -21,7 +21,8 @@
 #                                                    # /tmp/runs/ship/video-<name>, pack the first one's 15 MB parts
 #   ATTNS="long-mhla long-sdpa" bash benchmarks/video_gpu.sh long-score OUT [SEEDS]  # sample 10 digits x 4 directions x
 #                                                    # SEEDS (10) at 32x128x128 and at 16x64x64 (SIZES="32x128 16x64"),
-#                                                    # 8 steps, guidance 4, and score them (mediagen vbench) into OUT
+#                                                    # 8 steps, guidance 4, and score them (mediagen vbench) into OUT;
+#                                                    # WORDING=held-out: prompts in wordings never trained on
 #   bash benchmarks/video_gpu.sh calibrate OUT       # the scorer's calibration rows at both sizes, one and two digits
 #   bash benchmarks/video_gpu.sh fetch long-sdpa OUT  # the other exported folder's parts
 # Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried in the lease's
@@ -206,20 +207,23 @@ long-score)
   # 10 digits x 4 directions x SEEDS clips per model and size: prompts repeated SEEDS times, 40 a batch, so batch s
   # samples with seed 40 s (mediagen.eval.sampling); each model's folder from long-export
   out=$2; seeds=${3:-10}; mkdir -p "$out"
-  python3 - "$seeds" > $R/prompts-grid.txt <<'PY'
+  # WORDING=held-out: each cell's prompt in a held-out wording (mediagen/training/data/wordings.py, never in
+  # training), the wording rotating with the seed; else the training template
+  python3 - "$seeds" "${WORDING:-template}" > $R/prompts-grid.txt <<'PY'
 import sys
-for _ in range(int(sys.argv[1])):
+from mediagen.training.data.wordings import held_out_caption
+for s in range(int(sys.argv[1])):
     for d in range(10):
         for m in ("left", "right", "up", "down"):
-            print(f"the digit {d} moves {m}")
+            print(held_out_caption([d], [m], s + d) if sys.argv[2] == "held-out" else f"the digit {d} moves {m}")
 PY
   for a in $ATTNS; do
     for size in ${SIZES:-32x128 16x64}; do
       frames=${size%x*}; side=${size#*x}
       $MG vbench --checkpoint $R/ship/video-$a --prompts $R/prompts-grid.txt --num-frames $frames --height $side \
         --width $side --steps 8 --guidance 4 --batch-size 40 --background-features pixels --quiet \
-        --out "$out/vbench-$a-$size.json" --table "$out/vbench-$a-$size.md" > /dev/null
-      python3 - "$out/vbench-$a-$size.json" "$a $size" <<'PY'
+        --out "$out/vbench-$a-$size${WORDING:+-$WORDING}.json" --table "$out/vbench-$a-$size${WORDING:+-$WORDING}.md" > /dev/null
+      python3 - "$out/vbench-$a-$size${WORDING:+-$WORDING}.json" "$a $size ${WORDING:-template}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["semantic_rates"]
 print(f"{sys.argv[2]}: {r['clips']} clips, digit {r['digit']:.3f} direction {r['direction']:.3f} both {r['both']:.3f}")
