@@ -133,7 +133,7 @@ def _even_blocks_sampling(q, k, v, mix, grid, blocks, normalize, eps, feature_ma
 
     Same math and the same fp32 (fp64 for fp64) accumulation as the generic form; rounding may differ in the
     last bit (complex multiply). 2-core CPU, fp32, the video models' shape (B = 2, 32x16x16 tokens, 6 x 64,
-    blocks 4x2x2, relu, RoPE): see benchmarks/RESULTS.md (CPU sampling of the video models)."""
+    blocks 4x2x2, relu, RoPE): see benchmarks/RESULTS.md ("Shipped video models on a CPU")."""
     B, N, H, D = q.shape
     M, n = math.prod(blocks), N // math.prod(blocks)
     nd = len(grid)
