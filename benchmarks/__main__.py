@@ -25,6 +25,8 @@ BENCHMARKS = {
 # the other scripts here: runs that produce the docs' samples, scores and checkpoints, called by the GPU scripts
 TOOLS = {
     "video_samples": "sample the scored text-to-video grid of pipelines and time their sampling",
+    "record_model_latency": "merge video_latency --out JSON files into the shipped sampling time per clip "
+                            "(mediagen/eval/recorded/model_latency.json, the app's Benchmarks tab)",
     "video_samples_grid": "picture of sampled clips, one panel per model (docs/RESULTS.md)",
     "dit_samples_grid": "picture of class-conditional digit samples, one band per model (docs/RESULTS.md)",
     "fid_curve": "FID / KID of a training run's checkpoints, step by step",

@@ -13,7 +13,8 @@ falls on all of them alike. CUDA is synchronized before each clock reading. Repo
 runtime) the median seconds per call and per clip, peak memory (CUDA: ``torch.cuda.max_memory_allocated``
 after a reset, weights included; CPU: the peak resident set's growth during the call), the tokens per clip
 (the transformer's token grid) and the attention; prints a markdown table last, with each pipeline's speed
-against the first one. ``--out`` gets the same as JSON, written atomically.
+against the first one. ``--out`` gets the same as JSON, written atomically; ``python -m benchmarks
+record_model_latency OUT.json`` adds it to the sampling time the app's Benchmarks tab plots.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -243,6 +246,7 @@ def main(argv=None) -> int:
             "steps": args.steps, "guidance": args.guidance, "batch": args.batch, "rounds": args.rounds,
             "warmup_rounds": 1, "runtimes": args.runtimes, "prompt": PROMPT, "peak_mem_kind": memory.kind,
             "torch": torch.__version__, "commit": git_commit(),
+            "command": "python -m benchmarks video_latency " + shlex.join(sys.argv[1:] if argv is None else argv),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if args.out:
         write_json_atomic(Path(args.out), {"meta": meta, "results": results})

@@ -1,17 +1,21 @@
 """The Benchmarks tab's data: attention latency against sequence length, either as recorded in the
 package (``mediagen/eval/recorded/attention_latency.json``, written on a GPU by
-``benchmarks/attention.py --json``) or measured now with ``mediagen bench``'s attention sweep.
+``benchmarks/attention.py --json``) or measured now with ``mediagen bench``'s attention sweep; and beside
+it the models' sampling time per clip against tokens per clip, MHLA beside softmax, as recorded in
+``mediagen/eval/recorded/model_latency.json`` (``python -m benchmarks record_model_latency``).
 
-The recorded file ships with the package, so an installed app plots it without the repository. Its
+The recorded files ship with the package, so an installed app plots them without the repository. Their
 rows keep the command, date and device of the run that measured them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..eval.bench_report import RECORDED_LATENCY
+from ..eval.model_latency import RECORDED_MODEL_LATENCY, read_model_latency
 
 SERIES = ("mhla vs fastest sdpa", "every method")
 SPREAD = ("fwd_min_ms", "fwd_max_ms")
@@ -219,3 +223,156 @@ def markdown(rows: list[dict]) -> str:
             cells += ["—" if lo is None else f"{lo:.3f}–{hi:.3f}", str(r.get("runs", ""))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# --- model-level sampling time per clip (recorded/model_latency.json) ----------------------------------------
+MHLA, SOFTMAX = "mhla", "sdpa"      # the attention names of the compared pipelines (video-mhla, video-sdpa)
+
+
+def default_model_results_path() -> Path:
+    return RECORDED_MODEL_LATENCY
+
+
+def short_device(device: str) -> str:
+    """"cpu (x86_64, 2 threads)" -> "cpu", "NVIDIA H200, torch 2.11" -> "NVIDIA H200"."""
+    return re.sub(r"\s*\(.*?\)", "", device).split(",")[0].strip() or device
+
+
+def model_series(rows: list[dict]) -> list[dict]:
+    """One line per (attention, runtime, device): its label and its points (tokens per clip, s per clip),
+    sorted by tokens; lines in the order the rows name them."""
+    lines: dict = {}
+    for r in rows:
+        key = (r["attention"], r["runtime"], r["device"])
+        lines.setdefault(key, {})[r["tokens_per_clip"]] = r["s_per_clip"]
+    return [{"attention": a, "runtime": rt, "device": d, "label": f"{a}, {rt}, {short_device(d)}",
+             "points": sorted(points.items())} for (a, rt, d), points in lines.items()]
+
+
+def model_ratios(rows: list[dict]) -> list[dict]:
+    """Per (device, runtime, tokens per clip) where both were measured: MHLA's and softmax's seconds per clip,
+    ``ratio`` = MHLA / softmax (below 1: MHLA is faster) and ``speedup`` = softmax / MHLA."""
+    times: dict = {}
+    for r in rows:
+        if r["attention"] in (MHLA, SOFTMAX):
+            times.setdefault((r["device"], r["runtime"], r["tokens_per_clip"]), {})[r["attention"]] = r["s_per_clip"]
+    out = []
+    for (device, runtime, tokens), t in sorted(times.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        if MHLA in t and SOFTMAX in t:
+            out.append({"device": device, "runtime": runtime, "tokens_per_clip": tokens, "mhla_s": t[MHLA],
+                        "softmax_s": t[SOFTMAX], "ratio": t[MHLA] / t[SOFTMAX], "speedup": t[SOFTMAX] / t[MHLA]})
+    return out
+
+
+def model_runs(rows: list[dict]) -> list[dict]:
+    """The runs the rows came from (device, dtype, size, steps, guidance, command, commit, date), once each."""
+    keys = ("device", "dtype", "num_frames", "height", "width", "steps", "guidance", "batch", "command", "commit",
+            "date")
+    return list({tuple(r.get(k) for k in keys): {k: r.get(k) for k in keys} for r in rows}.values())
+
+
+def model_caption(rows: list[dict]) -> str:
+    """One line per run: device, dtype, clip size, steps, guidance, then command · commit · date."""
+    lines = []
+    for run in model_runs(rows):
+        size = "×".join(str(run[k]) for k in ("num_frames", "height", "width") if run.get(k) is not None)
+        what = [run["device"], run.get("dtype"), size and f"{size} clips",
+                run.get("steps") is not None and f"{run['steps']} steps",
+                run.get("guidance") is not None and f"guidance {run['guidance']:g}",
+                run.get("batch") is not None and f"batch {run['batch']}"]
+        lines.append(f"- {', '.join(w for w in what if w)}: `{run.get('command') or '?'}` · "
+                     f"{run.get('commit') or '?'} · {str(run.get('date') or '?')[:10]}")
+    return "\n".join(lines)
+
+
+def model_figure(rows: list[dict], title: str = "Sampling time per clip, recorded"):
+    """Seconds per clip against tokens per clip (log-log), one line per (attention, runtime, device): colour
+    by attention, line style by runtime, marker by device; legend right of the axes."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatterSciNotation, NullLocator
+
+    class Plain(LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            return f"{x:,.6g}" if super().__call__(x, pos) else ""
+
+    series = model_series(rows)
+    attentions = list(dict.fromkeys(s["attention"] for s in series))
+    runtimes = list(dict.fromkeys(s["runtime"] for s in series))
+    devices = list(dict.fromkeys(s["device"] for s in series))
+    styles, markers = ("-", "--", ":", "-."), ("o", "s", "^", "D", "v", "P")
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    for s in series:
+        xs, ys = zip(*s["points"])
+        ax.plot(xs, ys, label=s["label"], color=f"C{attentions.index(s['attention']) % 10}",
+                linestyle=styles[runtimes.index(s["runtime"]) % len(styles)],
+                marker=markers[devices.index(s["device"]) % len(markers)])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = sorted({x for s in series for x, _ in s["points"]})
+    ax.set_xticks(ticks, [f"{n:,}" for n in ticks], fontsize=8)
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(ticks) == 1:
+        ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+    ax.yaxis.set_major_formatter(Plain())
+    ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+    ax.set_xlabel("tokens per clip")
+    ax.set_ylabel("sampling time per clip (s)")
+    ax.set_title("\n".join(textwrap.wrap(title, 64)), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def model_title(rows: list[dict]) -> str:
+    devices = list(dict.fromkeys(short_device(r["device"]) for r in rows))
+    dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")})
+    return f"Sampling time per clip, {MHLA} vs {SOFTMAX} ({', '.join(devices + dtypes)})"
+
+
+def model_markdown(rows: list[dict], ratios: list[dict], name: str = "model_latency.json") -> str:
+    """The MHLA / softmax ratio per token count, the recorded rows, and the runs' caption."""
+    lines = [f"**Sampling time per clip, recorded in `{name}`** (text encoding and decoding included; median of "
+             "the timed rounds after a warm-up)", "",
+             f"| device | runtime | tokens/clip | {MHLA} s | {SOFTMAX} s | {MHLA} / {SOFTMAX} | {MHLA} speed-up |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {short_device(q['device'])} | {q['runtime']} | {q['tokens_per_clip']:,} | {q['mhla_s']:.2f} | "
+              f"{q['softmax_s']:.2f} | {q['ratio']:.3f} | {q['speedup']:.2f}× |" for q in ratios]
+    if not ratios:
+        lines.append(f"| — | — | — | — | — | no token count has both {MHLA} and {SOFTMAX} | — |")
+    lines += ["", "| device | attention | pipeline | runtime | tokens/clip | s/clip | min–max s | peak MiB |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["device"], r["runtime"], r["tokens_per_clip"], r["attention"])):
+        spread = (f"{r['min_s_per_call']:.2f}–{r['max_s_per_call']:.2f}"
+                  if r.get("min_s_per_call") is not None and r.get("max_s_per_call") is not None else "—")
+        mem = "—" if r.get("peak_mem_mib") is None else f"{r['peak_mem_mib']:,.1f}"
+        lines.append(f"| {short_device(r['device'])} | {r['attention']} | {r.get('pipeline', '')} | {r['runtime']} | "
+                     f"{r['tokens_per_clip']:,} | {r['s_per_clip']:.2f} | {spread} | {mem} |")
+    return "\n".join(lines + ["", "Measured by:", model_caption(rows)])
+
+
+def model_view(path=None, folder=None) -> dict:
+    """What the tab shows of the recorded sampling time: ``series`` (the plotted lines), ``ratios``
+    (``model_ratios``), ``caption``, ``text`` (markdown) and ``plot`` (a PNG in ``folder``, when given).
+    A missing or malformed file gives ``{"error": one line}`` and nothing else, not an exception."""
+    path = Path(path) if path is not None else default_model_results_path()
+    try:
+        rows = read_model_latency(path)
+    except (FileNotFoundError, ValueError) as err:
+        return {"error": " ".join(str(err).split())}
+    ratios = model_ratios(rows)
+    view = {"series": model_series(rows), "ratios": ratios, "caption": model_caption(rows),
+            "text": model_markdown(rows, ratios, path.name), "plot": None}
+    if folder is not None:
+        import matplotlib.pyplot as plt
+
+        fig = model_figure(rows, model_title(rows))
+        view["plot"] = str(Path(folder) / "sampling_time.png")
+        fig.savefig(view["plot"], bbox_inches="tight")
+        plt.close(fig)
+    return view

@@ -67,13 +67,15 @@ class MediagenApp:
     """The app's state: models (loaded once), limits, where outputs go, where results are read."""
 
     def __init__(self, models: ModelSet | None = None, limits: Limits | None = None, device=None,
-                 output_dir=None, results_path=None, bench_shapes=None):
+                 output_dir=None, results_path=None, bench_shapes=None, model_results_path=None):
         self.cache = ModelCache(models or default_models(), device)
         self.limits = limits or Limits.for_device(self.cache.device)
         self.budget = TimeBudget(self.limits.max_request_s)
         self.output_root = files.output_root(output_dir)
         self.results_path = Path(results_path) if results_path else bench_results.default_results_path()
         self.bench_shapes = bench_shapes
+        self.model_results_path = (Path(model_results_path) if model_results_path
+                                   else bench_results.default_model_results_path())
 
     # --- shared checks -----------------------------------------------------------------------
     def _common(self, seed, steps, guidance) -> tuple[int, int, float]:
@@ -325,6 +327,16 @@ class MediagenApp:
         table = bench_results.markdown(rows)
         (folder / "latency.md").write_text(table + "\n")
         return plot, f"**{note}**\n\n{table}", [plot, str(folder / "latency.md")]
+
+    def model_latency(self):
+        """The recorded sampling time per clip (MHLA beside softmax): the plot and its markdown (the MHLA /
+        softmax ratio per token count, the rows, the runs' command, commit and date). A missing or malformed
+        file shows as one line in place of the table, with no plot, not as an error."""
+        folder = files.request_dir(self.output_root, "bench")
+        view = bench_results.model_view(self.model_results_path, folder)
+        if "error" in view:
+            return None, f"**Sampling time per clip:** {view['error']}"
+        return view["plot"], view["text"]
 
     # --- defaults for the page -----------------------------------------------------------------
     def page_defaults(self) -> dict:

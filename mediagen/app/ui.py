@@ -265,7 +265,10 @@ def _bench_tab(app: MediagenApp):
                 "run it here (the op's default path: blocked on a CPU, Triton on a GPU) against SDPA: one warm-up "
                 "pass, then the median of three passes, with their spread (min–max) as bars and in the table, since "
                 "a shared CPU's timings vary. "
-                "`series`: MHLA against the fastest SDPA backend at each length, or every method.")
+                "`series`: MHLA against the fastest SDPA backend at each length, or every method. "
+                "Below, the models' sampling time per clip against tokens per clip, MHLA beside softmax "
+                f"(`{app.model_results_path.name}`, recorded by `python -m benchmarks record_model_latency` from "
+                "`python -m benchmarks video_latency --out` runs), with the MHLA / softmax ratio per token count.")
     source = RawRadio(list(BENCH_SOURCES), value="recorded", label="source")
     series = RawRadio(list(SERIES), value=SERIES[0], label="series")
     run = gr.Button("Plot", variant="primary", elem_id="bench-run")
@@ -273,8 +276,14 @@ def _bench_tab(app: MediagenApp):
     plot = gr.Image(label="latency vs sequence length", type="filepath")
     table = gr.Markdown(label="latency table")         # the label names this output in the API
     downloads = gr.File(label="download", file_count="multiple")
+    with gr.Row():
+        model_plot = gr.Image(label="sampling time per clip vs tokens per clip", type="filepath", scale=3)
+        model_table = gr.Markdown(label="sampling time table", scale=2)
     run.click(app.benchmarks, [source, series], [plot, table, downloads], api_name="benchmarks",
               show_progress_on=[status])
+    # the recorded sampling time per clip, shown with either source (a CPU-only server cannot time clips in a
+    # request); not an API endpoint of its own
+    run.click(app.model_latency, None, [model_plot, model_table], api_name=False, show_progress_on=[status])
 
 
 def build_demo(app: MediagenApp, concurrency: int = 2, max_queue: int = 32) -> gr.Blocks:
