@@ -32,7 +32,8 @@ VARIANTS = {  # name: dense_grad settings
     "set tiles, tail step, 1 stage": dict(fit_short=False, tail=True, stages=1),
     "set tiles, tail step, 4 warps": dict(fit_short=False, tail=True, warps=4),
     "32 rows and keys, 3 stages": dict(fit_short=False, tail=True, BT=32, BS=32),
-    "fitted (one step of 32, 1 stage)": dict(),
+    "fitted, with a tail step": dict(tail=True),
+    "default (fitted below a tile, whole masked last step)": dict(),
 }
 CASES = {  # name: (grid, blocks, D, normalize)
     "29 tokens, D 96 (64 + 32)": ((1, 29), (1, 4), 96, False),

@@ -129,16 +129,20 @@ class DenseGradSettings:
     """The dense backward (triton_dense_grad.py), both kernels: BT rows (queries for dq, keys for dk and dv) per
     program, BS of the others per step, warps, stages; fp32 inputs take at most 32 of each
     (tiles.dense_grad_tiles). fit_short: a sequence shorter than a tile takes tiles fitted to it (one whole step,
-    one stage); tail: the last keys (rows) in a narrower step (tiles.dense_tail). Both off reproduce the launches
-    that gave wrong half-precision gradients on the H200 at 29 tokens (benchmarks/dense_grad_cases.py;
-    benchmarks/RESULTS.md, The dense backward at 29 tokens)."""
+    one stage); tail: the last keys (rows) in a narrower step (tiles.dense_tail), off: the last step is a whole
+    masked one. Every launch with a tail step that gave wrong half-precision gradients on the H200 (triton 3.6)
+    had one (29 tokens after a loop of no steps: out-of-range shared-memory addresses in the tail step's dot;
+    80 tokens, one full step and a 16-row tail, 1 stage: dq 0.57 off fp64), while every launch that ends in a
+    whole masked step was right; so the backward keeps whole steps (benchmarks/dense_grad_cases.py;
+    benchmarks/RESULTS.md, The dense backward at 29 tokens). fit_short off and tail on reproduce the first
+    launch found wrong."""
 
     BT: int
     BS: int
     warps: int
     stages: int
     fit_short: bool = True
-    tail: bool = True
+    tail: bool = False
 
 
 @dataclass(frozen=True)

@@ -207,10 +207,8 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
     per program and BS per step (at most 32 each for fp32 inputs, whose tiles are twice as wide), warps and
     stages. ``N`` (None: a long sequence): a sequence shorter than a tile takes tiles of N rounded up to a power
     of two (16 at least), so that each walk is one whole step, without a tail step or a loop that runs no
-    step, and with no software pipelining (one stage: a single step has nothing to prefetch). The set tiles
-    there gave wrong gradients in half precision on the H200 under triton 3.6 (N = 29, D = 96, BT = 128, a 32-key tail
-    after a loop of no steps, 3 stages) while Triton's interpreter computed the same launch right
-    (benchmarks/RESULTS.md, The dense backward at 29 tokens)."""
+    step, and with no software pipelining (one stage: a single step has nothing to prefetch). The last step of a
+    longer walk is a whole masked one unless the ``tail`` setting is on (settings.DenseGradSettings says why)."""
     c = settings["dense_grad"]
     fp32 = dtype == torch.float32
     BD, BD2 = dense_head_pieces(D, False) if not fp32 else (max(16, _next_pow2(D)), 0)
@@ -229,13 +227,6 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
             stages = 1
         if BT < 128:  # (as the dense forward's fill rule: 4 warps at most below 128 rows)
             warps = min(warps, 4)
-    if c.fit_short and c.tail and N is not None and dense_tail(N, BS, BD + BD2, fp32) and N // BS < stages - 1:
-        # a narrower tail step after fewer full steps than the pipeline is deep: at 29 tokens with 128 rows, 64
-        # per step and a 32-row tail after a loop of no steps, 3 stages compiled the tail step's dot to shared-memory
-        # addresses out of range (compute-sanitizer, dense_query_grad_kernel: an illegal address or wrong dq and
-        # dMc); 1 stage, no tail step, or 32-row tiles computed it right (H200, triton 3.6;
-        # benchmarks/dense_grad_cases.py; benchmarks/RESULTS.md, The dense backward at 29 tokens)
-        stages = 1
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=warps, stages=stages)
 
 
