@@ -1,6 +1,8 @@
-"""What the benchmarks share: one markdown table, the launch-setting grids of the sweep options, the whole-model
-helpers of wan_model.py and dit_images.py. Timing is ``mediagen.eval.timing.measure`` everywhere, except the
-attention op's, which ``mediagen.eval.attention_bench`` times with triton's do_bench on a GPU (kernel time)."""
+"""What the benchmarks share: the markdown table writer (``mediagen.eval.tables``, passed on), the launch-setting
+grids of the sweep options, the whole-model helpers of wan_model.py and dit_images.py. Repeated calls are timed by
+``mediagen.eval.timing.measure`` everywhere, except the attention op's, which ``mediagen.eval.attention_bench``
+times with triton's do_bench on a GPU (kernel time); the clocks left in a script (a training run's wall time, a
+time budget, video_latency's interleaved rounds) each say why they are not ``measure``."""
 
 from __future__ import annotations
 
@@ -8,11 +10,9 @@ import itertools
 
 import torch
 
+from mediagen.eval import tables
 
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+markdown_table = tables.markdown_table  # the one writer; the benchmarks import it from here
 
 
 def settings_grid(specs: list[str]) -> list[dict]:

@@ -116,6 +116,7 @@ def initial_student(name, args):
 
 
 def run_one(name, args, teacher, tok, prompts, evals, tokens, device) -> dict:
+    # not measure: one distillation's elapsed times, spent against --time-limit, not a repeated call
     t0 = time.perf_counter()
     student = initial_student(name, args).to(device)
     init_s = time.perf_counter() - t0
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     from diffusers.utils import logging as diffusers_logging
     diffusers_logging.set_verbosity_error()
-    start = time.perf_counter()
+    start = time.perf_counter()  # the whole run's wall clock (summary wall_s), not measure's repeated call
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     teacher, tok = load_minilm(device=device), load_minilm_tokenizer()

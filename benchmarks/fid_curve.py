@@ -67,7 +67,7 @@ def main() -> int:
         for step, _ in list_checkpoints(run):
             if (wanted is not None and step not in wanted) or (args.max_step and step > args.max_step):
                 continue
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # one export + scoring per checkpoint, reported once: not measure's repeats
             with tempfile.TemporaryDirectory() as tmp:
                 folder = export_checkpoint(cfg, str(step), Path(tmp) / "pipe")
                 row = dict(step=step, **score(folder, ref, extractor, args))

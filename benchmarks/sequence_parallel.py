@@ -48,6 +48,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mediagen.eval.tables import markdown_table
+
 GIB = 2**30
 
 
@@ -238,11 +240,6 @@ def fmt_ms(ms) -> str:
     return "-" if ms is None else f"{ms:.3f}" if ms < 10 else f"{ms:.1f}"
 
 
-def markdown_table(header, rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
-
-
 def token_grid(frames, height, width, vae=(4, 8, 8), patch=(1, 2, 2)):
     """Latent token grid of a video: latent frames (F-1)/4+1, then the patch."""
     latent = ((frames - 1) // vae[0] + 1, height // vae[1], width // vae[2])
@@ -346,10 +343,10 @@ def layer_bench(run, cfg):
             def fwd_bwd():
                 torch.autograd.grad(fn(*inputs, *static), inputs, grad_out)
 
-            def measure():
+            def timed():
                 return run.time_ms(fwd, parallel), run.time_ms(fwd_bwd, parallel)
 
-            times = measure() if parallel else run.solo(measure)
+            times = timed() if parallel else run.solo(timed)
             sent = (run.count_bytes(fwd), run.count_bytes(fwd_bwd)) if parallel else None
             label = {("mhla", False): "MHLA, 1 rank (full sequence)",
                      ("mhla", True): f"MHLA sequence-parallel, {run.world} ranks",
@@ -459,10 +456,10 @@ def whole_model(run, cfg):
         want = forward(x_check)  # every rank, unsharded
         solo = {}
         for size, grid, x in sizes:
-            def measure():
+            def timed():
                 run.peak_reset()
                 return run.time_ms(lambda: forward(x), together=False), run.peak_gib(False)
-            solo[size] = run.solo(measure)
+            solo[size] = run.solo(timed)
             if run.rank == 0:
                 print(f"  model {attention} {size}: 1 rank {fmt_ms(solo[size][0])} ms", flush=True)
         if attention == "mhla":
@@ -625,7 +622,7 @@ def main(argv=None):
         if args.blocks[0] % run.world:
             raise ValueError(f"--blocks {args.blocks}: the first count must be divisible by the world size {run.world}")
         torch.manual_seed(0)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # each section's wall time (section_s), once per run: not measure's repeats
         device = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "cpu"
         result = dict(date=str(datetime.date.today()), device=device, backend=args.backend, world=run.world,
                       dtype=str(args.dtype), torch=torch.__version__, small=args.small, blocks=list(args.blocks),

@@ -214,6 +214,7 @@ def main(argv=None) -> int:
             for label, pipe in order:
                 memory.start()
                 sync()
+                # not measure: rounds interleave the pipelines (order reversed every other round), peak memory per call
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     pipe(prompt=prompt, num_frames=args.num_frames, height=args.height, width=args.width,

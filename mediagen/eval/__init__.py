@@ -18,5 +18,6 @@ Modules, one purpose each:
     vbench.py             scoring a set of videos; video_io.py, frame_features.py helpers
     attention_maps.py     dense attention matrices, rank, entropy, recorder
     attention_bench.py, e2e_bench.py, latency_plot.py, bench_report.py   latency
+    timing.py, tables.py  timing a callable (measure) and the one markdown table writer
 Heavy imports stay inside functions so ``import mediagen.eval`` is cheap.
 """

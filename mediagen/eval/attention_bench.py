@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..attention.mhla import locality_mix
 from ..kernels import mhla, mhla_reference
+from . import tables
 from .timing import measure
 
 
@@ -187,15 +188,14 @@ def _measure(name, fn, q, k, v, shape, floor_bytes, bandwidth, timer, device, ba
 
 
 def markdown_table(rows) -> str:
-    head = ("| shape | B | N | heads×d | method | fwd ms | fwd ms (CUDA graph) | fwd+bwd ms | "
-            "fwd+bwd ms (CUDA graph) | floor ms | fwd GB/s | note |")
-    lines = [head, "|" + "---|" * 12]
+    """The rows of bench_attention as a markdown table (through ``tables.markdown_table``)."""
+    header = ["shape", "B", "N", "heads×d", "method", "fwd ms", "fwd ms (CUDA graph)", "fwd+bwd ms",
+              "fwd+bwd ms (CUDA graph)", "floor ms", "fwd GB/s", "note"]
 
     def f(x, nd=3):
         return "—" if x is None else f"{x:.{nd}f}"
 
-    for r in rows:
-        lines.append(f"| {r['shape']} | {r['B']} | {r['N']} | {r['heads']} | {r['method']} | {f(r.get('fwd_ms'))} | "
-                     f"{f(r.get('fwd_graph_ms'))} | {f(r.get('fwd_bwd_ms'))} | {f(r.get('fwd_bwd_graph_ms'))} | "
-                     f"{f(r['floor_ms'])} | {f(r.get('GB/s'), 0)} | {r.get('note', '')} |")
-    return "\n".join(lines)
+    return tables.markdown_table(header, [
+        [r["shape"], r["B"], r["N"], r["heads"], r["method"], f(r.get("fwd_ms")), f(r.get("fwd_graph_ms")),
+         f(r.get("fwd_bwd_ms")), f(r.get("fwd_bwd_graph_ms")), f(r["floor_ms"]), f(r.get("GB/s"), 0),
+         r.get("note", "")] for r in rows])

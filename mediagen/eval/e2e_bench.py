@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from . import tables
 from .timing import measure
 
 GPU_GRIDS = [(3, 30, 52), (6, 30, 52), (11, 30, 52), (21, 30, 52)]  # 9..81 frames at 480x832
@@ -63,10 +64,12 @@ def bench_end_to_end(device="cpu", dtype=torch.float32, preset: str | None = Non
 
 def e2e_markdown_table(rows) -> str:
     base = {r["grid"]: r["fwd_ms"] for r in rows if r["method"] == "sdpa" and r.get("fwd_ms")}
-    lines = ["| model | grid | N | attention | fwd ms | speed-up vs sdpa | note |", "|" + "---|" * 7]
-    for r in rows:
+
+    def speed(r):
         ms = r.get("fwd_ms")
-        speed = f"{base[r['grid']] / ms:.2f}×" if ms and r["grid"] in base else "—"
-        lines.append(f"| {r['model']} | {r['grid']} | {r['N']} | {r['method']} | "
-                     f"{'—' if ms is None else f'{ms:.2f}'} | {speed} | {r.get('note', '')} |")
-    return "\n".join(lines)
+        return f"{base[r['grid']] / ms:.2f}×" if ms and r["grid"] in base else "—"
+
+    return tables.markdown_table(
+        ["model", "grid", "N", "attention", "fwd ms", "speed-up vs sdpa", "note"],
+        [[r["model"], r["grid"], r["N"], r["method"], "—" if r.get("fwd_ms") is None else f"{r['fwd_ms']:.2f}",
+          speed(r), r.get("note", "")] for r in rows])
