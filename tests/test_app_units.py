@@ -786,3 +786,51 @@ def test_the_video_tab_helps_with_prompts_and_notes_the_unreadable(tmp_path, mon
     shipped = MediagenApp(models.default_models(), device="cpu", output_dir=tmp_path / "shipped")
     assert shipped.prompt_help().endswith(
         " video-sdpa and video-mhla are trained on one digit a clip, worded \"the digit 3 moves left\".")
+
+
+def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_they_read_it(tmp_path, monkeypatch):
+    """A model whose card declares a caption template gets the prompt in it, and the page shows "read as: ..."
+    beside the output (Video: the note; Compare: the gallery caption and the row); the checkbox off gives the
+    model the prompt as written. A prompt naming more digits than the model was trained on stays as written."""
+    from mediagen.app import generation
+    from mediagen.app.ui import build_demo
+
+    card = {"trained_on": {"digits": 1, "wording": "the digit 3 moves left"},
+            "caption_template": "the digit {d} moves {m}"}
+    app = _encoder_app(tmp_path, card)
+    given = []
+
+    def fake_samples(cache, attention, encoder, prompt, neg, batch, seed, steps, g, h, w, f, **k):
+        given.append((attention, prompt))
+        return generation.Generated(np.zeros((batch, f, h, w, 1), np.float32))
+
+    monkeypatch.setattr(generation, "text_samples", fake_samples)
+    monkeypatch.setattr(compare.scores, "video_scores", lambda sample, prompt: {})
+    monkeypatch.setattr(compare, "semantic_verdict", lambda sample, prompt: {})
+    quiet = lambda *a, **k: None                                           # noqa: E731  (stands in for gr.Progress)
+    args = ("", "mhla", "FlashAttention", 3, 8, 8, 1, 0, 2, 4.0)
+    *_, note = app.video("watch the digit three travel left", *args, progress=quiet)
+    assert note == "read as: the digit 3 moves left" and given[-1] == ("mhla", "the digit 3 moves left")
+    *_, note = app.video("watch the digit three travel left", *args, "eager", False, progress=quiet)
+    assert note == "" and given[-1] == ("mhla", "watch the digit three travel left")
+    *_, note = app.video("the 3 and the 8 go up", *args, progress=quiet)
+    assert note.startswith("This prompt names 2 digits") and given[-1] == ("mhla", "the 3 and the 8 go up")
+    with pytest.raises(gr.Error, match="rewrite_prompt='yes' is not allowed: use true or false"):
+        app.video("One glides left", *args, "eager", "yes", progress=quiet)
+
+    gallery, _, table, details = app.compare("text-to-video", ["mhla · FlashAttention"], "One glides left", 0, 0, 2,
+                                             4.0, 3, 8, 8, progress=quiet)
+    # the sdpa reference is untrained here (no card): it gets the prompt as written
+    assert given[-2:] == [("sdpa", "One glides left"), ("mhla", "the digit 1 moves left")]
+    assert [caption for _, caption in gallery] == ["sdpa · FlashAttention",
+                                                   "mhla · FlashAttention · read as: the digit 1 moves left"]
+    assert [d.get("prompt_read_as") for d in details] == [None, "the digit 1 moves left"]
+    app.compare("text-to-video", ["mhla · FlashAttention"], "One glides left", 0, 0, 2, 4.0, 3, 8, 8, False,
+                progress=quiet)
+    assert given[-1] == ("mhla", "One glides left")
+
+    demo = build_demo(app)
+    runs = {f.api_name: f for f in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
+    for api, elem in (("generate_video", "video-rewrite"), ("compare", "compare-rewrite")):
+        box = runs[api].inputs[-1]
+        assert box.elem_id == elem and box.value is True

@@ -16,7 +16,7 @@ are the reference-free ones.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -83,6 +83,7 @@ class CompareRequest:
     height: int = 0
     width: int = 0
     frames: int = 1
+    prompts: dict = field(default_factory=dict)   # attention -> (prompt its model is given, "read as: ..." or "")
 
 
 def plan(task: str, configs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -104,7 +105,8 @@ def run_one(cache, req: CompareRequest, attention: str, encoder: str, on_step=No
         return generation.class_images(cache, attention, req.class_label, 1, req.seed, req.steps, req.guidance,
                                        on_step=on_step)
     frames = 1 if req.task == "text-to-image" else req.frames
-    return generation.text_samples(cache, attention, encoder, req.prompt, None, 1, req.seed, req.steps,
+    prompt = req.prompts.get(attention, (req.prompt, ""))[0]
+    return generation.text_samples(cache, attention, encoder, prompt, None, 1, req.seed, req.steps,
                                    req.guidance, req.height, req.width, frames, on_step=on_step)
 
 
@@ -173,7 +175,9 @@ def compare(cache, req: CompareRequest, progress=None) -> list[dict]:
         reference = sample if reference is None else reference
         ms = {f"{k}_ms": 1e3 * v for k, v in result.timings.items()}
         ms["total_ms"] = sum(ms.values())
-        rows.append({"config": label, "attention": attention, "text_encoder": encoder, **ms,
+        read = req.prompts.get(attention, (req.prompt, ""))
+        told = {"prompt_read_as": read[0]} if read[1] else {}   # the prompt as this model was given it
+        rows.append({"config": label, "attention": attention, "text_encoder": encoder, **told, **ms,
                      **quality(req, sample, reference), "sample": sample, "step_seconds": result.step_seconds})
     return rows
 

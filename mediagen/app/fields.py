@@ -32,3 +32,8 @@ def RawRadio(*args, **kwargs) -> gr.Radio:
 def RawCheckboxGroup(*args, **kwargs) -> gr.CheckboxGroup:
     """A checkbox group whose values reach the handler as given (the handler checks each one)."""
     return _raw(gr.CheckboxGroup(*args, **kwargs))
+
+
+def RawCheckbox(*args, **kwargs) -> gr.Checkbox:
+    """A checkbox whose value reaches the handler as given (the handler checks it is true or false)."""
+    return _raw(gr.Checkbox(*args, **kwargs))

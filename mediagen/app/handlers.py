@@ -19,9 +19,9 @@ import gradio as gr
 from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
-from .models import (ModelCache, ModelSet, default_models, encoder_details, encoder_info, info_markdown,
-                     model_details, model_info, model_name, trained_on)
-from .prompts import help_text, prompt_note
+from .models import (ModelCache, ModelSet, caption_template, default_models, encoder_details, encoder_info,
+                     info_markdown, model_details, model_info, model_name, trained_on)
+from .prompts import help_text, prompt_note, read_as
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
@@ -55,6 +55,15 @@ def _ms(timings: dict) -> dict:
 def _choice(name: str, value, allowed) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise rejected(f"{name}={value!r} is not allowed: choose one of {list(allowed)}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    """A checkbox's value: True or False (None, as an API call leaving it out: True)."""
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise rejected(f"{name}={value!r} is not allowed: use true or false")
     return value
 
 
@@ -209,9 +218,11 @@ class MediagenApp:
     # --- Video -------------------------------------------------------------------------------
     @readable_errors
     def video(self, prompt, negative_prompt, attention, text_encoder, frames, height, width, batch, seed, steps,
-              guidance, runtime="eager", progress=gr.Progress(track_tqdm=True)):
-        """A clip of a prompt, as an MP4, and a note saying what in the prompt the models cannot read ("" when
-        they read all of it); steps None: the page's first value."""
+              guidance, runtime="eager", rewrite_prompt=True, progress=gr.Progress(track_tqdm=True)):
+        """A clip of a prompt, as an MP4, and a note: the prompt the model was given when it was rewritten to
+        the model's caption template ("read as: the digit 3 moves left"; ``rewrite_prompt`` False keeps it as
+        written), and what in the prompt the models cannot read ("" when neither applies); steps None: the
+        page's first value."""
         steps = self.limits.start_steps(False) if steps is None else steps
         prompt = bounded_prompt(prompt, self.limits)
         negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
@@ -221,14 +232,23 @@ class MediagenApp:
         batch = bounded_int("batch", batch, 1, self.limits.max_batch)
         seed, steps, guidance = self._common(seed, steps, guidance)
         runtime = self._runtime(runtime)
+        used, line = self.read_as(prompt, attention, _flag("rewrite_prompt", rewrite_prompt))
         progress(0, desc="loading models")
         tokens = _prod(video_grid(self.cache, f, h, w))
         result = self._timed("video", attention, tokens, batch, steps, guidance, lambda: generation.text_samples(
-            self.cache, attention, encoder, prompt, negative_prompt, batch, seed, steps, guidance, h, w, f,
+            self.cache, attention, encoder, used, negative_prompt, batch, seed, steps, guidance, h, w, f,
             runtime=runtime), runtime)
         folder = files.request_dir(self.output_root, "video")
         downloads, _ = files.save_videos(result.samples, folder, f"{files.slug(prompt)[:40]}-{attention}-seed{seed}")
-        return downloads[0], downloads, _ms(result.timings), self.prompt_note(prompt, attention)
+        note = "\n\n".join(x for x in (line, self.prompt_note(prompt, attention)) if x)
+        return downloads[0], downloads, _ms(result.timings), note
+
+    def read_as(self, prompt, attention, rewrite: bool = True) -> tuple[str, str]:
+        """(the prompt the video model behind ``attention`` is given, "read as: ..." or "") (``prompts.read_as``,
+        with the template and digit count its card declares)."""
+        models = self.cache.models
+        return read_as(prompt, caption_template(models, "video", attention), trained_on(models, "video", attention),
+                       rewrite)
 
     def prompt_note(self, prompt, attention) -> str:
         """What the video model behind ``attention`` cannot read in ``prompt`` (``prompts.prompt_note``)."""
@@ -244,9 +264,11 @@ class MediagenApp:
     # --- Compare -----------------------------------------------------------------------------
     @readable_errors
     def compare(self, task, configs, prompt, class_label, seed, steps=None, guidance=4.0, frames=None, height=None,
-                width=None, progress=gr.Progress()):
+                width=None, rewrite_prompt=True, progress=gr.Progress()):
         """The same seed through the reference and the chosen configurations, side by side, with latency
-        and quality. steps left out (None): the task's own, as the page starts it (more for text-to-image)."""
+        and quality. steps left out (None): the task's own, as the page starts it (more for text-to-image).
+        ``rewrite_prompt``: each model whose card declares a caption template gets the prompt rewritten to it
+        (its caption says "read as: ..."); False gives every model the prompt as written."""
         task = _choice("task", task, COMPARE_TASKS)
         steps = self.limits.start_steps(task == "text-to-image") if steps is None else steps
         family = _family(task)
@@ -269,6 +291,8 @@ class MediagenApp:
             tokens = _prod(image_grid(self.cache))
         else:
             req.prompt = bounded_prompt(prompt, self.limits)
+            rewrite = _flag("rewrite_prompt", rewrite_prompt)
+            req.prompts = {a: self.read_as(req.prompt, a, rewrite) for a in {a for a, _ in planned}}
             video = task == "text-to-video"
             req.height, req.width, req.frames = self._text_size(height, width, frames if video else 1,
                                                                 min_frames=2 if video else 1)
@@ -298,7 +322,8 @@ class MediagenApp:
             else:
                 got, previews = files.save_images(sample, folder, stem)
             downloads += got
-            gallery.append((previews[0], row["config"]))
+            read = row.get("prompt_read_as")
+            gallery.append((previews[0], f"{row['config']} · read as: {read}" if read else row["config"]))
         columns = [c for c in TABLE_COLUMNS if any(c in r for r in rows)]
         table = [[_cell(c, r.get(c)) for c in columns] for r in rows]
         details = [{k: compare.finite(v) for k, v in r.items()} for r in rows]

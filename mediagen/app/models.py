@@ -189,6 +189,14 @@ def trained_on(models: "ModelSet", family: str, attention: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def caption_template(models: "ModelSet", family: str, attention: str) -> str | None:
+    """The caption template the checkpoint behind (family, attention) was trained on, as its card declares it
+    (``catalog.caption_template``): prompts are rewritten to it by default. None for an untrained model or a
+    card without one."""
+    src = models.source(family)
+    return catalog.caption_template(read_card(src.trained[attention])) if attention in src.trained else None
+
+
 def info_markdown(line: str, details: str = "") -> str:
     """An info line for the page: the line itself, and when there are details, the line as the summary of
     a collapsed ``<details>`` element that opens on a click (a card's full text ran to seven lines and

@@ -1,5 +1,6 @@
-"""What the video models understand in a prompt: the Video tab's help text, and the note beside a clip whose
-prompt they cannot read.
+"""What the video models understand in a prompt: the Video tab's help text, the note beside a clip whose
+prompt they cannot read, and the prompt a model is given when it gets prompts rewritten to its caption
+template (``read_as``).
 
 Prompts are read as the clip scorer reads them (``mediagen.eval.moving_mnist.parse_prompt``, which reads every
 wording of ``mediagen.training.data.wordings``): digits 0–9 as numerals or number words ("7", "seven"), each
@@ -9,19 +10,17 @@ digits a clip. What a shipped model was trained on is its card's "trained_on" (d
 A prompt the models cannot read gets a note rather than silence: one that names no digit, a number above 9
 (a numeral of two or more digits, "ten" ... "ninety", "hundred"; the parser would read "12" as the digits 1
 and 2), more than two digits, or more digits than the model's training clips held.
+
+A model whose card declares a "caption_template" (the shipped video models: "the digit {d} moves {m}") gets
+the prompt rewritten to it unless the user turns that off (``mediagen.pipelines.prompts.rewrite_prompt``):
+with other wordings it draws the asked digit far less often. The page shows what the model was given,
+"read as: the digit 3 moves left", beside the clip.
 """
 
 from __future__ import annotations
 
-import re
-
-from ..eval.moving_mnist import parse_prompt
-
-MAX_DIGITS = 2   # the Moving-MNIST data draws one or two digits a clip (``num_digits``)
-BIG_NUMBER_WORDS = frozenset((
-    "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
-    "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million",
-    "dozen"))
+from ..data.captions import big_numbers, parse_prompt
+from ..pipelines.prompts import LEFT_AS_WRITTEN, MAX_DIGITS, rewrite_prompt
 _COUNT = {1: "one digit", 2: "two digits"}
 
 
@@ -43,10 +42,17 @@ def help_text(trained: dict[str, dict]) -> str:
     return text
 
 
-def _big_numbers(prompt: str) -> list[str]:
-    """The numbers above 9 a prompt names, as written ("12", "twenty")."""
-    words = re.findall(r"[a-z]+|\d+", prompt.lower())
-    return [w for w in words if (w.isdigit() and int(w) > 9) or w in BIG_NUMBER_WORDS]
+def read_as(prompt: str, template: str | None, trained_on: dict | None = None, rewrite: bool = True) -> tuple[str, str]:
+    """(the prompt the model is given, the line shown beside its output): ``prompt`` rendered in ``template``
+    (a card's "caption_template") with "read as: <it>", when ``rewrite`` is on and the model has a template and
+    the prompt could be read; else the prompt as written and "" (``prompt_note`` says what could not be read).
+    ``trained_on``: the card's "trained_on", whose "digits" caps the digits a rewritten prompt may name."""
+    if not rewrite or template is None:
+        return prompt, ""
+    digits = trained_on.get("digits") if isinstance(trained_on, dict) else None
+    digits = digits if isinstance(digits, int) and not isinstance(digits, bool) else None
+    used, why = rewrite_prompt(prompt, template, digits)
+    return used, ("" if why.startswith(LEFT_AS_WRITTEN) else f"read as: {used}")
 
 
 def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None) -> str:
@@ -54,7 +60,7 @@ def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None
     ``trained_on``: the model drawing the clip and its card's "trained_on", for a prompt naming more digits
     than its training clips held."""
     prompt = prompt if isinstance(prompt, str) else ""
-    big = _big_numbers(prompt)
+    big = big_numbers(prompt)
     if big:
         them = "it" if len(big) == 1 else "them"
         return (f"The models cannot read {', '.join(big)} in this prompt: they know the digits 0–9 only, so the clip "

@@ -6,7 +6,9 @@ Choices follow the models: an attention is listed for a family only when the app
 (``pipelines/catalog.py``), and the model picked says what it is in an info line. A text encoder is
 listed for a task only when its card's measured rate keeps within 3 points of MiniLM's, and the
 encoder choice says in one line which are not and why. The Video tab's prompt says what the models
-read, and a clip whose prompt they cannot read gets a note beside it (``prompts.py``). Inputs
+read, and a clip whose prompt they cannot read gets a note beside it (``prompts.py``). A model trained on
+one caption template gets the prompt rewritten to it (a checkbox on the Video and Compare tabs turns that
+off), and the page shows what it was given: "read as: the digit 3 moves left". Inputs
 are ``fields.Raw*`` components, so every value reaches the handler's named checks.
 
 A run's progress, and its error when it fails, show on the tab's status line under its button, not on
@@ -20,7 +22,7 @@ from __future__ import annotations
 import gradio as gr
 
 from .compare import REFERENCE, carry_labels, config_label, task_labels
-from .fields import RawCheckboxGroup, RawNumber, RawRadio
+from .fields import RawCheckbox, RawCheckboxGroup, RawNumber, RawRadio
 from .bench_results import SERIES
 from .handlers import BENCH_SOURCES, COMPARE_TASKS, IMAGE_MODES, MediagenApp
 from .limits import log, rejected
@@ -157,6 +159,14 @@ def _image_tab(app: MediagenApp, d: dict):
     return steps
 
 
+def _rewrite_box(elem_id: str) -> gr.Checkbox:
+    """The switch for prompt rewriting: on, a model trained on one caption template gets the prompt in it."""
+    return RawCheckbox(value=True, label="rewrite the prompt to the model's caption template",
+                       info="the shipped video models were trained on one wording (\"the digit 3 moves left\") and "
+                            "draw the asked digit far less often from others; the output says how the prompt was read",
+                       elem_id=elem_id)
+
+
 def _video_tab(app: MediagenApp, d: dict):
     lim = app.limits
     with gr.Row():
@@ -172,18 +182,20 @@ def _video_tab(app: MediagenApp, d: dict):
                 batch = RawNumber(value=1, precision=0, label=f"batch (1–{lim.max_batch})")
             seed, steps, guidance = _common_controls(app, d, lim.start_steps(False))   # one task: one default
             runtime = _runtime_radio(app)
+            rewrite = _rewrite_box("video-rewrite")
             run = gr.Button("Generate video", variant="primary", elem_id="video-run")
             status = _status("video")
         with gr.Column():
             video = gr.Video(label="video", elem_id="video-output")
-            # what in the prompt the models cannot read, beside the clip drawn from it ("" when they read it all)
+            # the prompt as the model was given it ("read as: ...") and what in it the models cannot read, beside
+            # the clip drawn from it ("" when neither applies)
             note = gr.Markdown("", label="prompt note", elem_id="video-note")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
     attention.change(lambda a: app.info("video", a), attention, info, api_name=False)
     encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     run.click(app.video, [prompt, negative, attention, encoder, frames, height, width, batch, seed, steps, guidance,
-                          runtime], [video, downloads, timings, note], api_name="generate_video",
+                          runtime, rewrite], [video, downloads, timings, note], api_name="generate_video",
               show_progress_on=[status])
 
 
@@ -231,6 +243,7 @@ def _compare_tab(app: MediagenApp, d: dict):
                 height, width = _size_controls(d)
             seed, steps, guidance = _common_controls(app, d, None)
             typed = _typed(steps)
+            rewrite = _rewrite_box("compare-rewrite")
             run = gr.Button("Compare", variant="primary", elem_id="compare-run")
             status = _status("compare")
     # results span the page: the table has up to 13 short columns and needs the full width
@@ -253,7 +266,7 @@ def _compare_tab(app: MediagenApp, d: dict):
 
     task.change(on_task, [task, configs, typed], [configs, prompt, class_label, frames, height, width, steps],
                 api_name=False)
-    run.click(app.compare, [task, configs, prompt, class_label, seed, steps, guidance, frames, height, width],
+    run.click(app.compare, [task, configs, prompt, class_label, seed, steps, guidance, frames, height, width, rewrite],
               [gallery, downloads, table, details], api_name="compare", show_progress_on=[status])
     return steps
 

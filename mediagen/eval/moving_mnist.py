@@ -3,9 +3,9 @@ move the asked way.
 
 Prompts name digits and directions in plain words, for example "the digit 7 moving left",
 "digits 3 and 5 moving up", "a seven moving down", or the training captions "the digit 3 moves left
-while the digit 8 moves down". A direction word applies to the digits named since the previous
-direction word (digits after the last one take the last one). A prompt is a Moving-MNIST prompt
-when it names at least one digit.
+while the digit 8 moves down"; ``mediagen.data.captions.parse_prompt`` reads them. A direction word
+applies to the digits named since the previous direction word (digits after the last one take the
+last one). A prompt is a Moving-MNIST prompt when it names at least one digit.
 
 The scorer (``score_clip`` / ``score_clips``) is built to survive generated clips, whose ink is
 fuzzy, blocky and broken into specks, on any value range:
@@ -53,58 +53,12 @@ direction (<= 5%), and leaves noise near chance.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 
-NUMBER_WORDS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-                "eight": 8, "nine": 9}
-COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "single": 1, "two": 2, "three": 3, "four": 4, "five": 5}
-DIRECTIONS = {"left": "left", "leftward": "left", "leftwards": "left", "right": "right", "rightward": "right",
-              "rightwards": "right", "up": "up", "upward": "up", "upwards": "up", "down": "down",
-              "downward": "down", "downwards": "down"}
-
-
-@dataclass
-class DigitPrompt:
-    digits: list[int]
-    directions: list[str | None]  # one per digit
-    count: int | None
-
-    @property
-    def direction(self) -> str | None:
-        """The shared direction when every digit has the same one, else None."""
-        uniq = set(self.directions)
-        return self.directions[0] if len(uniq) == 1 else None
-
-
-def parse_prompt(prompt: str) -> DigitPrompt | None:
-    """The digits, direction and count a Moving-MNIST prompt asks for; None for other prompts."""
-    words = re.findall(r"[a-z]+|\d", prompt.lower())
-    count = None
-    for w, nxt in zip(words, words[1:]):
-        if nxt in ("digit", "digits") and w in COUNT_WORDS:
-            count = COUNT_WORDS[w]
-    digits, directions, pending = [], [], 0  # pending: digits still waiting for their direction
-    last = None
-    for i, w in enumerate(words):
-        if w.isdigit():
-            digits.append(int(w))
-            pending += 1
-        elif w in NUMBER_WORDS and not (w in COUNT_WORDS and i + 1 < len(words) and words[i + 1] in ("digit", "digits")):
-            digits.append(NUMBER_WORDS[w])
-            pending += 1
-        elif w in DIRECTIONS:
-            last = DIRECTIONS[w]
-            directions += [last] * pending
-            pending = 0
-    directions += [last] * pending
-    if not digits:
-        return None
-    return DigitPrompt(digits, directions, count if count is not None else len(digits))
-
+# the parser lives with the caption template (the pipelines read prompts too); its names stay importable here
+from ..data.captions import COUNT_WORDS, DIRECTIONS, NUMBER_WORDS, DigitPrompt, parse_prompt  # noqa: F401
 
 # Scorer constants; each is a rule of the measure, calibrated by ``calibration_rows``.
 INK_MIN = 48.0            # ink must stand at least this far above the frame's background (of 255)

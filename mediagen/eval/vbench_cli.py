@@ -14,6 +14,7 @@ command with one line naming it; ``--bad-videos skip`` scores the others and lis
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -66,6 +67,11 @@ def register(sub):
     p.add_argument("--width", type=int, default=None, help="video width (checkpoint only; pipeline default)")
     p.add_argument("--num-frames", type=int, default=None, help="frames per video (checkpoint only)")
     p.add_argument("--batch-size", type=int, default=1, help="videos sampled per pipeline call (checkpoint only)")
+    p.add_argument("--rewrite-prompt", action=argparse.BooleanOptionalAction, default=None,
+                   help="render each prompt in the model's caption template before sampling, as a user gets it "
+                        "(checkpoint only; default: as the pipeline's config says, on for the shipped video "
+                        "models); --no-rewrite-prompt measures the model on the prompts as written. Clips are "
+                        "scored against the prompts as written either way")
     p.add_argument("--text-encoder", default=None,
                    help="condition through this text encoder instead of the pipeline's (checkpoint only): "
                         "'minilm', 'minilm-mlra2', 'minilm-hla' or a saved encoder folder")
@@ -255,7 +261,8 @@ def score_videos(args, prompts) -> dict:
         videos = sample_videos(args.checkpoint, video_prompts, args.seed, args.device, progress=not args.quiet,
                                num_inference_steps=args.steps, guidance_scale=args.guidance,
                                height=args.height, width=args.width, num_frames=args.num_frames,
-                               batch_size=args.batch_size, text_encoder=args.text_encoder)
+                               batch_size=args.batch_size, text_encoder=args.text_encoder,
+                               rewrite_prompt=args.rewrite_prompt)
         names = [f"{p}-{i}.{args.save_format}" for i, p in enumerate(video_prompts)]
         if args.save_videos:
             from .video_io import write_video

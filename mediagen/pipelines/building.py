@@ -74,7 +74,9 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
         raise ValueError(f"model={model!r} is neither a preset ({', '.join(sorted(PRESETS))}), a shipped checkpoint "
                          f"(a folder name in {checkpoints_dir()}) nor a folder with model_index.json or config.json")
     if task == "text-to-image" and isinstance(pipe, TextToVideoPipeline) and not isinstance(pipe, TextToImagePipeline):
-        pipe = TextToImagePipeline(**pipe.components)
+        config = pipe.config   # components leave out the pipeline's own settings
+        pipe = TextToImagePipeline(**pipe.components, caption_template=config.caption_template,
+                                   caption_digits=config.caption_digits)
     if attention is not None:
         convert(pipe, attention, blocks=blocks, grid=grid)
     pipe.to(device)

@@ -26,6 +26,10 @@ card.json, every key optional:
       "default_for": ["text-to-video"],  tasks this checkpoint serves when none is asked for
       "trained_on": {"digits": 1,        a video model's training prompts: digits per clip and the wording
                      "wording": "the digit 3 moves left"},
+      "caption_template": "the digit {d} moves {m}",   the one caption template a video model was trained on:
+                                         prompts are rewritten to it by default (``prompts.rewrite_prompt``);
+                                         its pipeline's model_index.json carries the same (with
+                                         "caption_digits", the card's trained_on digits)
       "vs_minilm": [{"task": "text-to-video", "model": "video-mhla", "wordings": "template",
                      "clips": 40, "digit": 0.725, "minilm_digit": 0.85,
                      "measured_on": "..."}]   a text encoder's card: how often a model draws the asked digit
@@ -188,6 +192,13 @@ def text_encoders(root=None) -> dict[str, str]:
 # A text encoder is offered for a task only within this of MiniLM's rate of drawing the asked digit (module
 # docstring): one clip of 40 is 2.5 points, so an encoder one clip behind MiniLM stays on offer.
 MINILM_MARGIN = 0.03
+
+
+def caption_template(card: dict) -> str | None:
+    """The caption template a card declares ("the digit {d} moves {m}"): the model wants its prompts rewritten
+    to it. None without one (a model trained on free wording, or no card)."""
+    value = card.get("caption_template")
+    return value if isinstance(value, str) and value else None
 
 
 def encoder_card(name) -> dict:

@@ -18,9 +18,10 @@ class TextToImagePipeline(TextToVideoPipeline):
                  generator=None, latents=None, prompt_embeds=None, negative_prompt_embeds=None,
                  output_type: str = "pil", return_dict: bool = True, callback_on_step_end=None,
                  callback_on_step_end_tensor_inputs=("latents",), attention_kwargs=None,
-                 max_sequence_length: int = 64, num_frames: int = 1):
+                 max_sequence_length: int = 64, num_frames: int = 1, rewrite_prompt: bool | None = None):
         """Images: PIL list, np (B, H, W, C) in [0, 1], torch (B, C, H, W), or latents (B, C, 1, h, w).
-        ``num_frames`` > 1 draws a clip of that many frames and returns its middle frame."""
+        ``num_frames`` > 1 draws a clip of that many frames and returns its middle frame. ``rewrite_prompt``: as
+        for ``TextToVideoPipeline`` (a prompt without a direction becomes the still form, "the digit 7")."""
         if latents is not None and latents.dim() == 4:
             if num_frames != 1:
                 raise ValueError(f"num_frames={num_frames} is not allowed with 4-D latents (one frame): use "
@@ -33,7 +34,8 @@ class TextToImagePipeline(TextToVideoPipeline):
             prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds, output_type=output_type,
             return_dict=False, callback_on_step_end=callback_on_step_end,
             callback_on_step_end_tensor_inputs=callback_on_step_end_tensor_inputs,
-            attention_kwargs=attention_kwargs, max_sequence_length=max_sequence_length)[0]
+            attention_kwargs=attention_kwargs, max_sequence_length=max_sequence_length,
+            rewrite_prompt=rewrite_prompt)[0]
         mid = num_frames // 2
         if output_type == "pil":
             images = [video[mid] for video in frames]

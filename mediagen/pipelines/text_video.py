@@ -3,6 +3,12 @@
 Components: transformer, scheduler, vae (``IdentityAutoencoder`` for pixel-space models or
 ``AutoencoderKLWan``), text_encoder and an optional tokenizer (see ``prompt_encoding``). For the
 real Wan2.1 checkpoints diffusers' own ``WanPipeline`` serves unchanged after ``mediagen.convert``.
+
+Config (saved in model_index.json, as diffusers saves a pipeline's own settings): ``caption_template``, the
+caption template the model was trained on ("the digit {d} moves {m}"; None: trained on free wording), and
+``caption_digits``, the most digits its training clips held. A pipeline with a template rewrites each prompt
+to it before encoding unless the call says ``rewrite_prompt=False`` (``prompts.rewrite_prompt``): a model
+trained on one template draws the asked digit far less often from other wordings.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from .checks import check_callback_inputs, check_multiple, check_output_type, ch
 from .denoise import guided, run_denoising, scale_input
 from .outputs import VideoPipelineOutput
 from .prompt_encoding import as_prompt_list, encode_prompts
+from .prompts import renderer
+from .prompts import rewrite_prompt as rewrite_prompt_to
 from .runtime import RuntimeMixin
 from .vae_utils import latents_to_vae, vae_dtype, vae_factors
 
@@ -27,10 +35,14 @@ class TextToVideoPipeline(RuntimeMixin, DiffusionPipeline):
     _optional_components = ["text_encoder", "tokenizer"]
     _callback_tensor_inputs = ["latents", "prompt_embeds", "negative_prompt_embeds"]
 
-    def __init__(self, transformer, scheduler, vae, text_encoder=None, tokenizer=None):
+    def __init__(self, transformer, scheduler, vae, text_encoder=None, tokenizer=None,
+                 caption_template: str | None = None, caption_digits: int | None = None):
         super().__init__()
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=text_encoder,
                               tokenizer=tokenizer)
+        if caption_template is not None:
+            renderer(caption_template)                 # refused at load time, not at the first prompt
+        self.register_to_config(caption_template=caption_template, caption_digits=caption_digits)
         self.video_processor = VideoProcessor(vae_scale_factor=vae_factors(vae)[1])
 
     def enable_sequence_parallel(self, group=None):
@@ -43,6 +55,18 @@ class TextToVideoPipeline(RuntimeMixin, DiffusionPipeline):
         return enable_sequence_parallel(self.transformer, group)
 
     # --- text ------------------------------------------------------------------------------
+    def prompt_for_model(self, prompt: str, rewrite_prompt: bool | None = None) -> tuple[str, str]:
+        """(the prompt the text encoder gets, why): ``prompt`` rewritten to the config's caption template
+        (``prompts.rewrite_prompt``) when ``rewrite_prompt`` is True, or None and the pipeline has a
+        template; else unchanged."""
+        template = getattr(self.config, "caption_template", None)
+        if rewrite_prompt is False or (rewrite_prompt is None and template is None):
+            return prompt, "as written: prompt rewriting is off"
+        if template is None:
+            raise ValueError("rewrite_prompt=True needs a pipeline with a caption_template (the template its model "
+                             "was trained on); this one has none")
+        return rewrite_prompt_to(prompt, template, getattr(self.config, "caption_digits", None))
+
     def encode_prompt(self, prompt=None, negative_prompt=None, do_classifier_free_guidance=True,
                       num_videos_per_prompt=1, prompt_embeds=None, negative_prompt_embeds=None,
                       max_sequence_length=64, device=None, dtype=None):
@@ -138,7 +162,10 @@ class TextToVideoPipeline(RuntimeMixin, DiffusionPipeline):
                  generator=None, latents=None, prompt_embeds=None, negative_prompt_embeds=None,
                  output_type: str = "np", return_dict: bool = True, callback_on_step_end=None,
                  callback_on_step_end_tensor_inputs=("latents",), attention_kwargs=None,
-                 max_sequence_length: int = 64):
+                 max_sequence_length: int = 64, rewrite_prompt: bool | None = None):
+        """``rewrite_prompt``: render each prompt in the model's caption template first (``prompt_for_model``);
+        None follows the pipeline's config (on when it has a ``caption_template``), False keeps the prompts
+        as written. Prompt embeddings passed in are used as given."""
         check_output_type(output_type)
         check_positive_int("num_inference_steps", num_inference_steps)
         check_positive_int("num_videos_per_prompt", num_videos_per_prompt)
@@ -147,6 +174,8 @@ class TextToVideoPipeline(RuntimeMixin, DiffusionPipeline):
         device = self._execution_device
         self._guidance_scale = guidance_scale
         do_cfg = guidance_scale > 1.0
+        if prompt is not None and prompt_embeds is None:
+            prompt = [self.prompt_for_model(p, rewrite_prompt)[0] for p in as_prompt_list(prompt, "prompt")]
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(
             prompt, negative_prompt, do_cfg, num_videos_per_prompt, prompt_embeds, negative_prompt_embeds,
             max_sequence_length, device)

@@ -16,21 +16,21 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...data import load_mnist10k
+from ...data.captions import STILL, template_caption
 from .wordings import varied_caption
 
 DIRECTIONS = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}  # (dy, dx)
-STILL = "still"  # the motion of a clip whose digits stand still (``static_fraction``)
+# STILL (imported): the motion of a clip whose digits stand still (``static_fraction``)
 MOTIONS = dict(DIRECTIONS, **{STILL: (0, 0)})
 
 
 def clip_caption(digits, directions, rng: np.random.Generator | None = None) -> str:
-    """The template caption ("the digit 3 moves left"), which the shipped video models were trained on;
+    """The template caption ("the digit 3 moves left", ``mediagen.data.captions.template_caption``), which the
+    shipped video models were trained on;
     with ``rng`` a wording drawn from the varied set (``wordings.varied_caption``) instead."""
     if rng is not None:
         return varied_caption(digits, directions, rng)
-    if all(m == STILL for m in directions):  # a caption without a direction: "the digit 3"
-        return " and ".join(f"the digit {d}" for d in digits)
-    return " while ".join(f"the digit {d} moves {m}" for d, m in zip(digits, directions))
+    return template_caption(digits, directions)
 
 
 MIN_STEP = 1.0  # pixels per frame: a moving digit moves at least this far on every frame

@@ -1,0 +1,91 @@
+"""The Moving-MNIST caption language: the template the shipped video models were trained on, and the parser
+that reads a prompt's digits and directions.
+
+``template_caption`` renders the training template ("the digit 3 moves left", "the digit 3 moves left while
+the digit 8 moves down"; a still clip is named without a motion: "the digit 3"). The training data captions
+every clip with it (``mediagen.training.data.moving_mnist.clip_caption``), and prompt rewriting
+(``mediagen.pipelines.prompts``) renders a prompt in it, so the two cannot drift apart.
+
+``parse_prompt`` reads the digits (numerals or number words), their directions and the digit count a
+prompt asks for. The clip scorer (``mediagen.eval.moving_mnist``), the app's notes and prompt rewriting all
+read prompts with it. A direction word applies to the digits named since the previous direction word, and
+digits after the last one take the last one.
+
+Standard library only: the pipelines read prompts with it, and the scorer and the training data build on it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+STILL = "still"  # the motion name of a clip whose digits stand still
+CAPTION_TEMPLATE = "the digit {d} moves {m}"  # the training template of one moving digit, as cards name it
+# Numbers above 9 a prompt may name in words; a numeral of two or more digits is one too ("12"). The parser
+# reads "12" as the digits 1 and 2, so a prompt naming such a number is not read as digits at all.
+BIG_NUMBER_WORDS = frozenset((
+    "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+    "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million",
+    "dozen"))
+
+
+def template_caption(digits, directions) -> str:
+    """The training template for ``digits`` and their ``directions`` ("left", "right", "up", "down", or
+    ``STILL`` for every digit of a still clip): "the digit 3 moves left while the digit 8 moves down", or
+    "the digit 3 and the digit 8" for a still clip."""
+    if all(m == STILL for m in directions):  # a caption without a direction: "the digit 3"
+        return " and ".join(f"the digit {d}" for d in digits)
+    return " while ".join(f"the digit {d} moves {m}" for d, m in zip(digits, directions))
+
+
+def big_numbers(prompt: str) -> list[str]:
+    """The numbers above 9 a prompt names, as written ("12", "twenty")."""
+    words = re.findall(r"[a-z]+|\d+", prompt.lower())
+    return [w for w in words if (w.isdigit() and int(w) > 9) or w in BIG_NUMBER_WORDS]
+
+
+NUMBER_WORDS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+                "eight": 8, "nine": 9}
+COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "single": 1, "two": 2, "three": 3, "four": 4, "five": 5}
+DIRECTIONS = {"left": "left", "leftward": "left", "leftwards": "left", "right": "right", "rightward": "right",
+              "rightwards": "right", "up": "up", "upward": "up", "upwards": "up", "down": "down",
+              "downward": "down", "downwards": "down"}
+
+
+@dataclass
+class DigitPrompt:
+    digits: list[int]
+    directions: list[str | None]  # one per digit
+    count: int | None
+
+    @property
+    def direction(self) -> str | None:
+        """The shared direction when every digit has the same one, else None."""
+        uniq = set(self.directions)
+        return self.directions[0] if len(uniq) == 1 else None
+
+
+def parse_prompt(prompt: str) -> DigitPrompt | None:
+    """The digits, direction and count a Moving-MNIST prompt asks for; None for other prompts."""
+    words = re.findall(r"[a-z]+|\d", prompt.lower())
+    count = None
+    for w, nxt in zip(words, words[1:]):
+        if nxt in ("digit", "digits") and w in COUNT_WORDS:
+            count = COUNT_WORDS[w]
+    digits, directions, pending = [], [], 0  # pending: digits still waiting for their direction
+    last = None
+    for i, w in enumerate(words):
+        if w.isdigit():
+            digits.append(int(w))
+            pending += 1
+        elif w in NUMBER_WORDS and not (w in COUNT_WORDS and i + 1 < len(words) and words[i + 1] in ("digit", "digits")):
+            digits.append(NUMBER_WORDS[w])
+            pending += 1
+        elif w in DIRECTIONS:
+            last = DIRECTIONS[w]
+            directions += [last] * pending
+            pending = 0
+    directions += [last] * pending
+    if not digits:
+        return None
+    return DigitPrompt(digits, directions, count if count is not None else len(digits))
