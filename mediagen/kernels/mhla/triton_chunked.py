@@ -54,6 +54,40 @@ from .triton_common import (feature, feature_grad, first_column, hi_lo_columns, 
 
 
 @triton.jit
+def block_program(offsets, H, J, D: tl.constexpr, BD: tl.constexpr, TILE: tl.constexpr):
+    """The prologue of every chunked kernel: this program's (batch*head, block*split, column tile) ids, its
+    batch b, head h and block i, its slice [lo, hi) of block i's sorted token list (which starts at ``start``),
+    the head-dim columns d (all of them, padded to BD) and e (this tile's) and their masks."""
+    bh = tl.program_id(0)
+    ij = tl.program_id(1)
+    tile = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = ij // J
+    start, lo, hi = split_range(offsets, i, ij % J, J)
+    d = tl.arange(0, BD)
+    e = tile * TILE + tl.arange(0, TILE)
+    dmask = d < D
+    emask = e < D
+    return bh, ij, tile, b, h, i, start, lo, hi, d, e, dmask, emask
+
+
+@triton.jit
+def walk_step(order, start, t, hi, tok_next, BT: tl.constexpr, PREFETCH: tl.constexpr):
+    """One step of the walk over a block's tokens from local index t: positions r, their mask and token ids,
+    and (PREFETCH) the next step's ids; without PREFETCH ``tok_next`` comes back as given. The walk starts
+    with tok_next = the first step's ids, which only PREFETCH reads (the compiler drops them otherwise)."""
+    r = t + tl.arange(0, BT)
+    rmask = r < hi
+    if PREFETCH:
+        tok = tok_next
+        tok_next = token_ids(order, start, r + BT, hi)
+    else:
+        tok = token_ids(order, start, r, hi)
+    return r, rmask, tok, tok_next
+
+
+@triton.jit
 def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
                    skb, skn, skh, skd, svb, svn, svh, svd, sct, scj, sst, ssj,
                    H, MJ, J, D: tl.constexpr, X,
@@ -61,16 +95,7 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
                    FEATURE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
                    AL: tl.constexpr, PREFETCH: tl.constexpr):
     skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL  # (AL: module doc)
-    bh = tl.program_id(0)
-    ij = tl.program_id(1)
-    tile = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    start, lo, hi = split_range(offsets, ij // J, ij % J, J)
-    d = tl.arange(0, BD)
-    e = tile * TILE + tl.arange(0, TILE)
-    dmask = d < D
-    emask = e < D
+    bh, ij, tile, b, h, i, start, lo, hi, d, e, dmask, emask = block_program(offsets, H, J, D, BD, TILE)
     acc = tl.zeros((BD, TILE), dtype=tl.float32)
     accz = tl.zeros((BD, 16), dtype=tl.float32)  # z in column 0 (first_column)
     if DOT_F32:
@@ -79,16 +104,9 @@ def summary_kernel(K, V, SZ, order, offsets, COS, SIN,
         ones = first_column(BT, V.dtype.element_ty)
     kbase = K + b.to(tl.int64) * skb + h * skh
     vbase = V + b.to(tl.int64) * svb + h * svh
-    if PREFETCH:
-        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
+    tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)  # (walk_step)
     for t in range(lo, hi, BT):
-        r = t + tl.arange(0, BT)
-        rmask = r < hi
-        if PREFETCH:
-            tok = tok_next
-            tok_next = token_ids(order, start, r + BT, hi)
-        else:
-            tok = token_ids(order, start, r, hi)
+        r, rmask, tok, tok_next = walk_step(order, start, t, hi, tok_next, BT, PREFETCH)
         kmask = rmask[:, None] & dmask[None, :]
         kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=kmask, other=0.0)
         kf = tl.where(kmask, feature(kt.to(tl.float32), FEATURE), 0.0)
@@ -119,17 +137,7 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
     # LOWP: half-precision inputs multiply in their own dtype (S~ rounded once to it, ~2^-9
     # relative per entry); otherwise fp32 operands (tf32 or IEEE).
     sqb, sqn, sqh, sob, son, soh = sqb * AL, sqn * AL, sqh * AL, sob * AL, son * AL, soh * AL
-    bh = tl.program_id(0)
-    ij = tl.program_id(1)
-    tile = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    i = ij // J
-    start, lo, hi = split_range(offsets, i, ij % J, J)
-    d = tl.arange(0, BD)
-    e = tile * TILE + tl.arange(0, TILE)
-    dmask = d < D
-    emask = e < D
+    bh, ij, tile, b, h, i, start, lo, hi, d, e, dmask, emask = block_program(offsets, H, J, D, BD, TILE)
     summ = SZM + (bh.to(tl.int64) * M + i) * X
     S = tl.load(summ + d[:, None] * D + e[None, :], mask=dmask[:, None] & emask[None, :], other=0.0)
     z = tl.load(summ + D * D + d, mask=dmask, other=0.0).to(tl.float32)
@@ -140,16 +148,9 @@ def apply_kernel(Q, SZM, O, order, offsets, COS, SIN,
         S = S.to(tl.float32)
     qbase = Q + b.to(tl.int64) * sqb + h * sqh
     obase = O + b.to(tl.int64) * sob + h * soh
-    if PREFETCH:
-        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
+    tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)  # (walk_step)
     for t in range(lo, hi, BT):
-        r = t + tl.arange(0, BT)
-        rmask = r < hi
-        if PREFETCH:
-            tok = tok_next
-            tok_next = token_ids(order, start, r + BT, hi)
-        else:
-            tok = token_ids(order, start, r, hi)
+        r, rmask, tok, tok_next = walk_step(order, start, t, hi, tok_next, BT, PREFETCH)
         qmask = rmask[:, None] & dmask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=qmask, other=0.0)
         qf = tl.where(qmask, feature(qt.to(tl.float32), FEATURE), 0.0)
@@ -186,17 +187,7 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
     # delta_t = g_t.o_t = qn_t.P_t / den_t, so o is read only when the head dim spans several tiles.
     sqb, sqn, sqh, sgb, sgn, sgh = sqb * AL, sqn * AL, sqh * AL, sgb * AL, sgn * AL, sgh * AL
     sob, son, soh, sdb, sdn, sdh = sob * AL, son * AL, soh * AL, sdb * AL, sdn * AL, sdh * AL
-    bh = tl.program_id(0)
-    ij = tl.program_id(1)
-    tile = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    i = ij // J
-    start, lo, hi = split_range(offsets, i, ij % J, J)
-    d = tl.arange(0, BD)
-    e = tile * TILE + tl.arange(0, TILE)
-    dmask = d < D
-    emask = e < D
+    bh, ij, tile, b, h, i, start, lo, hi, d, e, dmask, emask = block_program(offsets, H, J, D, BD, TILE)
     if LOWP:
         dt = Q.dtype.element_ty
     else:
@@ -219,16 +210,9 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
     gbase = G + b.to(tl.int64) * sgb + h * sgh
     obase = O + b.to(tl.int64) * sob + h * soh
     dbase = DQ + b.to(tl.int64) * sdb + h * sdh
-    if PREFETCH:
-        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
+    tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)  # (walk_step)
     for t in range(lo, hi, BT):
-        r = t + tl.arange(0, BT)
-        rmask = r < hi
-        if PREFETCH:
-            tok = tok_next
-            tok_next = token_ids(order, start, r + BT, hi)
-        else:
-            tok = token_ids(order, start, r, hi)
+        r, rmask, tok, tok_next = walk_step(order, start, t, hi, tok_next, BT, PREFETCH)
         fmask = rmask[:, None] & dmask[None, :]
         tmask = rmask[:, None] & emask[None, :]
         qt = tl.load(qbase + tok[:, None] * sqn + d[None, :] * sqd, mask=fmask, other=0.0)
@@ -294,17 +278,7 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
                     AL: tl.constexpr, PREFETCH: tl.constexpr):
     skb, skn, skh, svb, svn, svh = skb * AL, skn * AL, skh * AL, svb * AL, svn * AL, svh * AL
     sdkb, sdkn, sdkh, sdvb, sdvn, sdvh = sdkb * AL, sdkn * AL, sdkh * AL, sdvb * AL, sdvn * AL, sdvh * AL
-    bh = tl.program_id(0)
-    ij = tl.program_id(1)
-    tile = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    i = ij // J
-    start, lo, hi = split_range(offsets, i, ij % J, J)
-    d = tl.arange(0, BD)
-    e = tile * TILE + tl.arange(0, TILE)
-    dmask = d < D
-    emask = e < D
+    bh, ij, tile, b, h, i, start, lo, hi, d, e, dmask, emask = block_program(offsets, H, J, D, BD, TILE)
     summ = DSZ + (bh.to(tl.int64) * M + i) * X
     # dS read once in the dot dtype: LOWP rounds it to the input dtype, otherwise fp32
     if LOWP:
@@ -321,16 +295,9 @@ def key_grad_kernel(K, V, DSZ, DK, DV, order, offsets, COS, SIN,
     vbase = V + b.to(tl.int64) * svb + h * svh
     dkbase = DK + b.to(tl.int64) * sdkb + h * sdkh
     dvbase = DV + b.to(tl.int64) * sdvb + h * sdvh
-    if PREFETCH:
-        tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)
+    tok_next = token_ids(order, start, lo + tl.arange(0, BT), hi)  # (walk_step)
     for t in range(lo, hi, BT):
-        r = t + tl.arange(0, BT)
-        rmask = r < hi
-        if PREFETCH:
-            tok = tok_next
-            tok_next = token_ids(order, start, r + BT, hi)
-        else:
-            tok = token_ids(order, start, r, hi)
+        r, rmask, tok, tok_next = walk_step(order, start, t, hi, tok_next, BT, PREFETCH)
         fmask = rmask[:, None] & dmask[None, :]
         tmask = rmask[:, None] & emask[None, :]
         kt = tl.load(kbase + tok[:, None] * skn + d[None, :] * skd, mask=fmask, other=0.0)
