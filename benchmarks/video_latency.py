@@ -178,6 +178,7 @@ def main(argv=None) -> int:
     from mediagen.pipelines.building import token_grid
 
     p, args = parse_args(argv)
+    commit = git_commit()  # the code that runs: read before the (long) timing, while the tree may move on
     keep_freed_memory()  # as the console script runs the app and `mediagen generate` (mediagen/host_memory.py)
     device, dtype = args.device, DTYPES[args.dtype]
 
@@ -246,7 +247,7 @@ def main(argv=None) -> int:
             "dtype": args.dtype, "num_frames": args.num_frames, "height": args.height, "width": args.width,
             "steps": args.steps, "guidance": args.guidance, "batch": args.batch, "rounds": args.rounds,
             "warmup_rounds": 1, "runtimes": args.runtimes, "prompt": PROMPT, "peak_mem_kind": memory.kind,
-            "torch": torch.__version__, "commit": git_commit(),
+            "torch": torch.__version__, "commit": commit,
             "command": "python -m benchmarks video_latency " + shlex.join(sys.argv[1:] if argv is None else argv),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if args.out:
