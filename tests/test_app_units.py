@@ -834,3 +834,29 @@ def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_
     for api, elem in (("generate_video", "video-rewrite"), ("compare", "compare-rewrite")):
         box = runs[api].inputs[-1]
         assert box.elem_id == elem and box.value is True
+
+
+def test_a_refusal_names_the_attention_that_fits_the_bound(tmp_path):
+    """Past the time bound with softmax, the refusal gives the estimate and what MHLA takes for the same
+    request when that fits; with nothing else measured (or nothing that fits) it says only the estimate."""
+    from mediagen.app.limits import TimeBudget
+
+    app = _app(tmp_path, max_request_s=50.0)
+    per_pass = TimeBudget.tokens(8192, 1, 4.0)
+    quadratic = lambda steps, tokens: FIXED_S + steps * (PASS_S + TOKEN_S * tokens * 8)  # noqa: E731
+    for steps, tokens in ((8, per_pass), (4, per_pass // 4)):
+        app.budget.record(("video", "sdpa"), steps, tokens, quadratic(steps, tokens),
+                          [quadratic(1, tokens) - FIXED_S] * steps)
+    run = lambda: pytest.fail("a refused request must not run")  # noqa: E731
+    with pytest.raises(gr.Error) as alone:
+        app._timed("video", "sdpa", 8192, 1, 8, 4.0, run)
+    assert "this request would take about" in alone.value.message and "mhla" not in alone.value.message
+    for steps, tokens in ((8, per_pass), (4, per_pass // 4)):
+        _record(app.budget, ("video", "mhla"), steps, tokens)
+    with pytest.raises(gr.Error) as both:
+        app._timed("video", "sdpa", 8192, 1, 8, 4.0, run)
+    want = round(_true_seconds(8, per_pass))
+    assert both.value.message.endswith(f"; mhla takes about {want} s for it here"), both.value.message
+    with pytest.raises(gr.Error) as slow:  # mhla past the bound too: not offered as the way out
+        app._timed("video", "sdpa", 8192, 1, 40, 4.0, run)
+    assert "mhla" not in slow.value.message

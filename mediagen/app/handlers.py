@@ -11,7 +11,6 @@ rather than a traceback.
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 
 import gradio as gr
@@ -168,11 +167,20 @@ class MediagenApp:
         eager runs are recorded: a compiled run's time includes compiling when its shapes are new."""
         key = (family, attention)
         per_pass = TimeBudget.tokens(tokens, batch, guidance)
-        self.budget.check(key, steps, per_pass)
+        self.budget.check(key, steps, per_pass, lambda: self._fits_instead(family, attention, steps, per_pass))
         result = run()
         if runtime == "eager":
             self.budget.record(key, steps, per_pass, sum(result.timings.values()), result.step_seconds)
         return result
+
+    def _fits_instead(self, family: str, attention: str, steps: int, per_pass: int) -> str:
+        """For a refusal: the family's fastest other attention whose estimate for the same request is within
+        the bound ("; mhla takes about 22 s for it here"), or "" when none is measured or fits."""
+        bound = self.budget.max_seconds
+        known = [(est, other) for other in self.offered(family) if other != attention
+                 for est in [self.budget.estimate((family, other), steps, per_pass)]
+                 if est is not None and (bound is None or est <= bound)]
+        return f"; {min(known)[1]} takes about {min(known)[0]:.0f} s for it here" if known else ""
 
     def estimate(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float):
         """Estimated seconds of such a request on this server (None before one has run); ``tokens``: the

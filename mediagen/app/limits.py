@@ -226,9 +226,10 @@ class TimeBudget:
         got = self.step_estimate(key, tokens)
         return None if got is None else got[0] + steps * got[1]
 
-    def check(self, key, steps: int, tokens: int) -> float | None:
+    def check(self, key, steps: int, tokens: int, instead=None) -> float | None:
         """The estimate in seconds (None before a measurement); refuses past ``max_seconds`` with the
-        estimate and the steps that would fit."""
+        estimate and the steps that would fit, and what ``instead()`` (called only then) adds: another
+        model that fits, say."""
         got = self.step_estimate(key, tokens)
         if got is None:
             return None
@@ -239,5 +240,5 @@ class TimeBudget:
             fewer = f"steps ≤ {fit}, or " if 1 <= fit < steps else ""
             raise _error(f"steps={steps}: this request would take about {est:.0f} s here (estimated from this "
                          f"server's earlier requests), past this server's {self.max_seconds:.0f} s per request: use "
-                         f"{fewer}fewer frames, a smaller size or batch")
+                         f"{fewer}fewer frames, a smaller size or batch{instead() if instead else ''}")
         return est
