@@ -860,3 +860,17 @@ def test_a_refusal_names_the_attention_that_fits_the_bound(tmp_path):
     with pytest.raises(gr.Error) as slow:  # mhla past the bound too: not offered as the way out
         app._timed("video", "sdpa", 8192, 1, 40, 4.0, run)
     assert "mhla" not in slow.value.message
+
+
+def test_a_clip_at_a_size_the_model_never_trained_at_gets_a_note():
+    """The shipped video models' cards list the sizes they trained at; a clip asked at another size gets a note
+    saying so beside it (at 32x128x128 the 1,024-token models drew no moving digit), none at a trained size."""
+    from mediagen.app.prompts import size_note
+    from mediagen.pipelines.catalog import checkpoint, read_card
+
+    card = read_card(checkpoint("video", "mhla"))
+    assert {"frames": 16, "height": 64, "width": 64} in card["trained_on"]["sizes"]
+    assert size_note("video-mhla", card["trained_on"], 16, 64, 64) == ""
+    note = size_note("video-mhla", card["trained_on"], 32, 128, 128)
+    assert note.startswith("video-mhla was trained on 16 frames of 64×64; a clip of 32 frames of 128×128 is outside")
+    assert size_note("video-mhla", {}, 32, 128, 128) == ""          # a card that names no size: no note

@@ -20,7 +20,7 @@ from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
 from .models import (ModelCache, ModelSet, caption_template, default_models, encoder_details, encoder_info,
                      info_markdown, model_details, model_info, model_name, trained_on)
-from .prompts import help_text, prompt_note, read_as
+from .prompts import help_text, prompt_note, read_as, size_note
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
@@ -248,7 +248,8 @@ class MediagenApp:
             runtime=runtime), runtime)
         folder = files.request_dir(self.output_root, "video")
         downloads, _ = files.save_videos(result.samples, folder, f"{files.slug(prompt)[:40]}-{attention}-seed{seed}")
-        note = "\n\n".join(x for x in (line, self.prompt_note(prompt, attention)) if x)
+        note = "\n\n".join(x for x in (line, self.prompt_note(prompt, attention), self.size_note(attention, f, h, w))
+                             if x)
         return downloads[0], downloads, _ms(result.timings), note
 
     def read_as(self, prompt, attention, rewrite: bool = True) -> tuple[str, str]:
@@ -262,6 +263,12 @@ class MediagenApp:
         """What the video model behind ``attention`` cannot read in ``prompt`` (``prompts.prompt_note``)."""
         models = self.cache.models
         return prompt_note(prompt, model_name(models, "video", attention), trained_on(models, "video", attention))
+
+    def size_note(self, attention, frames: int, height: int, width: int) -> str:
+        """A note when the video model behind ``attention`` never trained at this size (``prompts.size_note``)."""
+        models = self.cache.models
+        return size_note(model_name(models, "video", attention), trained_on(models, "video", attention), frames,
+                         height, width)
 
     def prompt_help(self) -> str:
         """The Video tab's prompt help: what the models read, what the served video models were trained on."""

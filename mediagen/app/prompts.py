@@ -79,3 +79,18 @@ def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None
         return (f"This prompt names {named} digits ({digits}): {model or 'this model'} is trained on "
                 f"{_COUNT.get(trained, f'{trained} digits')} a clip, so the clip may not show them all.")
     return ""
+
+
+def size_note(model: str | None, trained_on: dict | None, frames: int, height: int, width: int) -> str:
+    """A note for a clip asked at a size the model never trained at (its card's "trained_on" "sizes", each
+    frames x height x width); "" at a trained size or when the card names none. Such clips are outside what
+    the model learned: the 1,024-token models drew no moving digit at 32x128x128 (docs/RESULTS.md, Long clips)."""
+    sizes = trained_on.get("sizes") if isinstance(trained_on, dict) else None
+    if not sizes:
+        return ""
+    trained = [(s.get("frames"), s.get("height"), s.get("width")) for s in sizes if isinstance(s, dict)]
+    if (frames, height, width) in trained:
+        return ""
+    listed = ", ".join(f"{f} frames of {h}×{w}" for f, h, w in trained)
+    return (f"{model or 'This model'} was trained on {listed}; a clip of {frames} frames of {height}×{width} is "
+            f"outside what it learned and may not show the asked digit or motion.")
