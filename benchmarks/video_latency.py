@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import resource
 import shlex
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import markdown_table
+from mediagen.eval.model_latency import write_atomic
 from mediagen.host_memory import keep_freed_memory
 
 PROMPT = "the digit 3 moves left"
@@ -99,13 +99,6 @@ def git_commit() -> str | None:
                               cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-
-
-def write_json_atomic(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def parse_args(argv=None):
@@ -251,7 +244,7 @@ def main(argv=None) -> int:
             "command": "python -m benchmarks video_latency " + shlex.join(sys.argv[1:] if argv is None else argv),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if args.out:
-        write_json_atomic(Path(args.out), {"meta": meta, "results": results})
+        write_atomic(Path(args.out), json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
         print(f"wrote {args.out}")
 
     print(f"\n{meta['device']}, {args.dtype}, {args.batch} x {args.num_frames} frames of {args.height}x{args.width}, "

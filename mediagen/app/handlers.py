@@ -180,7 +180,10 @@ class MediagenApp:
         known = [(est, other) for other in self.offered(family) if other != attention
                  for est in [self.budget.estimate((family, other), steps, per_pass)]
                  if est is not None and (bound is None or est <= bound)]
-        return f"; {min(known)[1]} takes about {min(known)[0]:.0f} s for it here" if known else ""
+        if not known:
+            return ""
+        est, other = min(known)
+        return f"; {other} takes about {est:.0f} s for it here"
 
     def estimate(self, family: str, attention: str, tokens: int, batch: int, steps: int, guidance: float):
         """Estimated seconds of such a request on this server (None before one has run); ``tokens``: the

@@ -2,7 +2,7 @@
 prompt they cannot read, and the prompt a model is given when it gets prompts rewritten to its caption
 template (``read_as``).
 
-Prompts are read as the clip scorer reads them (``mediagen.eval.moving_mnist.parse_prompt``, which reads every
+Prompts are read as the clip scorer reads them (``mediagen.data.captions.parse_prompt``, which reads every
 wording of ``mediagen.training.data.wordings``): digits 0–9 as numerals or number words ("7", "seven"), each
 moving the way of the direction word (left, right, up, down) after it; the Moving-MNIST data draws one or two
 digits a clip. What a shipped model was trained on is its card's "trained_on" (digits per clip, the wording).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..data.captions import big_numbers, parse_prompt
 from ..pipelines.prompts import LEFT_AS_WRITTEN, MAX_DIGITS, rewrite_prompt
+
 _COUNT = {1: "one digit", 2: "two digits"}
 
 
