@@ -2,7 +2,7 @@
 grids of the sweep options, the whole-model helpers of wan_model.py and dit_images.py. Repeated calls are timed by
 ``mediagen.eval.timing.measure`` everywhere, except the attention op's, which ``mediagen.eval.attention_bench``
 times with triton's do_bench on a GPU (kernel time); the clocks left in a script (a training run's wall time, a
-time budget, video_latency's interleaved rounds) each say why they are not ``measure``."""
+time budget, a section's or a job's elapsed time) each say why they are not ``measure``."""
 
 from __future__ import annotations
 

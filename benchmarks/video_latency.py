@@ -9,10 +9,11 @@ counterpart), side by side in one run, per runtime.
 Per runtime, every pipeline samples one batch of ``--batch`` clips per round (text encoding and decoding
 included, ``output_type="np"``); the first round is a warm-up (a compiled runtime compiles there) and is
 not counted, and the pipelines' order is reversed every other round so that drift in the machine's speed
-falls on all of them alike. CUDA is synchronized before each clock reading. Reports per (pipeline,
-runtime) the median seconds per call and per clip, peak memory (CUDA: ``torch.cuda.max_memory_allocated``
-after a reset, weights included; CPU: the peak resident set's growth during the call), the tokens per clip
-(the transformer's token grid) and the attention; prints a markdown table last, with each pipeline's speed
+falls on all of them alike. Each call is timed by ``mediagen.eval.timing.measure`` (one repeat: CUDA
+events after a synchronize on a GPU, the wall clock on a CPU). Reports per (pipeline, runtime) the median
+seconds per call and per clip, peak memory (CUDA: ``torch.cuda.max_memory_allocated`` after a reset,
+weights included; CPU: the peak resident set's growth during the call), the tokens per clip (the
+transformer's token grid) and the attention; prints a markdown table last, with each pipeline's speed
 against the first one. ``--out`` gets the same as JSON, written atomically; ``python -m benchmarks
 record_model_latency OUT.json`` adds it to the sampling time the app's Benchmarks tab plots.
 """
@@ -28,13 +29,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import markdown_table
 from mediagen.eval.model_latency import write_atomic
+from mediagen.eval.timing import measure
 from mediagen.host_memory import keep_freed_memory
 
 PROMPT = "the digit 3 moves left"
@@ -192,10 +193,6 @@ def main(argv=None) -> int:
                        "patch_size": list(pipe.transformer.config.patch_size),
                        "parameters": sum(t.numel() for t in pipe.transformer.parameters())}
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     memory = PeakMemory(device)
     prompt = [PROMPT] * args.batch
     seconds = {(n, r): [] for r in args.runtimes for n in pipes}
@@ -206,16 +203,15 @@ def main(argv=None) -> int:
         for rnd in range(args.rounds + 1):   # round 0: warm-up (and compilation), not counted
             order = list(pipes.items()) if rnd % 2 == 0 else list(reversed(pipes.items()))
             for label, pipe in order:
+                def sample(pipe=pipe, seed=rnd):
+                    with torch.no_grad():
+                        pipe(prompt=prompt, num_frames=args.num_frames, height=args.height, width=args.width,
+                             num_inference_steps=args.steps, guidance_scale=args.guidance,
+                             generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
+
                 memory.start()
-                sync()
-                # not measure: rounds interleave the pipelines (order reversed every other round), peak memory per call
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    pipe(prompt=prompt, num_frames=args.num_frames, height=args.height, width=args.width,
-                         num_inference_steps=args.steps, guidance_scale=args.guidance,
-                         generator=torch.Generator("cpu").manual_seed(rnd), output_type="np")
-                sync()
-                elapsed = time.perf_counter() - t0
+                # one call per round: the rounds interleave the pipelines (order reversed every other round)
+                elapsed = measure(sample, device, warmup=0, repeats=1).median_ms / 1e3
                 peak = memory.stop()
                 if rnd > 0:
                     seconds[label, runtime].append(elapsed)

@@ -112,9 +112,9 @@ def bench_attention(device="cuda", dtype=torch.bfloat16, shapes=None, backward=T
                 settings["mhla triton chunked, tf32 products"] = ("apply", "query_grad", "key_grad")
             if D % 2 == 0:  # RoPE on the numerator's features (Wan's rope="features"), fp32 angle tables
                 angle = torch.rand(N, D // 2, device=device, generator=gen) * 6.3
-                tables = (angle.cos(), angle.sin())
+                rope = (angle.cos(), angle.sin())
                 cands["mhla triton rope"] = lambda q, k, v: mhla(q, k, v, mix, shape.grid, shape.blocks,
-                                                                 feature_map="relu", backend="triton", rope=tables)
+                                                                 feature_map="relu", backend="triton", rope=rope)
         if reference:
             cands["mhla reference (fp32)"] = lambda q, k, v: mhla_reference(q, k, v, mix, shape.grid,
                                                                            shape.blocks, feature_map="relu")

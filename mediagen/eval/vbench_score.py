@@ -12,6 +12,8 @@ temporal_style; bounds 0..1, weight 1.
 
 from __future__ import annotations
 
+from . import tables
+
 # name -> (min, max, weight)
 QUALITY_DIMS = {
     "subject_consistency": (0.1462, 1.0, 1.0),
@@ -59,14 +61,10 @@ def aggregate(raw: dict[str, float]) -> dict:
 
 
 def markdown_table(report: dict) -> str:
-    lines = ["| dimension | raw | normalised |", "|---|---|---|"]
-    for d, v in report["raw"].items():
-        if v is not None:
-            lines.append(f"| {d} | {v:.4f} | {report['normalised'][d]:.4f} |")
-    for key in ("quality", "semantic", "total"):
-        v = report[key]
-        lines.append(f"| **{key.capitalize()}** | | {'—' if v is None else f'{v:.4f}'} |")
-    return "\n".join(lines)
+    rows = [[d, f"{v:.4f}", f"{report['normalised'][d]:.4f}"] for d, v in report["raw"].items() if v is not None]
+    rows += [[f"**{key.capitalize()}**", "", "—" if report[key] is None else f"{report[key]:.4f}"]
+             for key in ("quality", "semantic", "total")]
+    return tables.markdown_table(["dimension", "raw", "normalised"], rows)
 
 
 def _rate(v) -> str:
@@ -76,14 +74,13 @@ def _rate(v) -> str:
 def semantic_table(rows: list[dict]) -> str:
     """Markdown table of semantic rates: one row per set of clips (dicts with row, clips, digit,
     direction, both and optionally target / meets_target)."""
-    lines = ["| clips | n | digit | direction | both | target |", "|---|---|---|---|---|---|"]
+    cells = []
     for r in rows:
         target = r.get("target") or ""
         if target and r.get("meets_target") is not None:
             target += " (met)" if r["meets_target"] else " (NOT met)"
-        lines.append(f"| {r['row']} | {r['clips']} | {_rate(r['digit'])} | {_rate(r['direction'])} | "
-                     f"{_rate(r['both'])} | {target} |")
-    return "\n".join(lines)
+        cells.append([r["row"], r["clips"], _rate(r["digit"]), _rate(r["direction"]), _rate(r["both"]), target])
+    return tables.markdown_table(["clips", "n", "digit", "direction", "both", "target"], cells)
 
 
 def _size(row: dict) -> str:
