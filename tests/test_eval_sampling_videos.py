@@ -56,3 +56,24 @@ def test_vbench_cli_samples_in_batches_through_another_encoder_and_saves_npy(fol
     assert np.load(saved[0]).shape == (3, 8, 8, 3)
     assert main([*args, "--batch-size", "0", "--out", str(tmp_path / "bad.json")]) == 2
     assert "--batch-size=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_vbench_cli_samples_in_the_asked_dtype_and_records_it(folder, tmp_path):
+    """--dtype reaches the pipeline (bf16 clips differ from fp32 ones) and the report names it; without it a CPU
+    samples in fp32, as mediagen generate does."""
+    import json
+
+    from mediagen.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the digit 1 moves up\nthe digit 2 moves left\n")
+    args = ["vbench", "--checkpoint", str(folder), "--prompts", str(prompts), "--steps", "2", "--height", "8",
+            "--width", "8", "--num-frames", "3", "--subject-features", "pixels", "--background-features", "pixels",
+            "--device", "cpu", "--quiet", "--batch-size", "2", "--save-format", "npy"]
+    clips = {}
+    for name, extra in (("default", []), ("bf16", ["--dtype", "bf16"])):
+        assert main([*args, *extra, "--save-videos", str(tmp_path / name), "--out", str(tmp_path / f"{name}.json")]) == 0
+        clips[name] = [np.load(p) for p in sorted((tmp_path / name).glob("*.npy"))]
+    assert json.loads((tmp_path / "default.json").read_text())["sampling_dtype"] == "float32"
+    assert json.loads((tmp_path / "bf16.json").read_text())["sampling_dtype"] == "bfloat16"
+    assert any(not np.array_equal(a, b) for a, b in zip(clips["default"], clips["bf16"]))

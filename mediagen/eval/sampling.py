@@ -15,16 +15,16 @@ import torch
 from tqdm.auto import tqdm
 
 
-def load_pipeline(checkpoint, device="cpu"):
+def load_pipeline(checkpoint, device="cpu", dtype=torch.float32):
     """The pipeline saved at ``checkpoint`` (a ``save_pretrained`` folder, a transformer folder, or a
-    preset name of ``mediagen.models.presets`` for a random-weight smoke run)."""
+    preset name of ``mediagen.models.presets`` for a random-weight smoke run), in ``dtype``."""
     try:
         from ..pipelines import build_pipeline
     except ImportError as err:  # pragma: no cover - depends on the pipelines package
         raise ValueError(f"--checkpoint needs mediagen.pipelines, which failed to import ({err}); "
                          "pass already generated images with --samples / --videos instead") from err
     try:
-        return build_pipeline(str(checkpoint), device=device)
+        return build_pipeline(str(checkpoint), device=device, dtype=dtype)
     except ValueError as err:
         raise ValueError(f"--checkpoint {checkpoint!r} could not be loaded: {err}") from err
 
@@ -96,12 +96,14 @@ def swap_text_encoder(pipe, name: str, device="cpu"):
 
 
 def sample_videos(checkpoint, prompts, seed: int = 0, device="cpu", progress=True, batch_size: int = 1,
-                  text_encoder: str | None = None, **kwargs) -> list[np.ndarray]:
-    """One video (uint8 (T, H, W, 3)) per prompt from the pipeline at ``checkpoint``, ``batch_size``
-    prompts per call (the batch starting at prompt i uses seed + i)."""
-    pipe = load_pipeline(checkpoint, device)
+                  text_encoder: str | None = None, dtype=torch.float32, **kwargs) -> list[np.ndarray]:
+    """One video (uint8 (T, H, W, 3)) per prompt from the pipeline at ``checkpoint`` in ``dtype``,
+    ``batch_size`` prompts per call (the batch starting at prompt i uses seed + i)."""
+    pipe = load_pipeline(checkpoint, device, dtype)
     if text_encoder is not None:
         swap_text_encoder(pipe, text_encoder, device)
+        if dtype != torch.float32:
+            pipe.to(dtype=dtype)   # the swapped-in encoder arrives in fp32
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     videos = []

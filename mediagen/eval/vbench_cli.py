@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .bench_cli import DTYPES
 from .frame_features import DEFAULT_BACKGROUND_FEATURES, DEFAULT_SUBJECT_FEATURES
 from .json_report import write_json_report
 
@@ -67,6 +68,9 @@ def register(sub):
     p.add_argument("--width", type=int, default=None, help="video width (checkpoint only; pipeline default)")
     p.add_argument("--num-frames", type=int, default=None, help="frames per video (checkpoint only)")
     p.add_argument("--batch-size", type=int, default=1, help="videos sampled per pipeline call (checkpoint only)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="sampling precision (checkpoint only; default: bf16 on cuda, fp32 on cpu, as mediagen "
+                        "generate); the report records it under 'sampling_dtype'")
     p.add_argument("--rewrite-prompt", action=argparse.BooleanOptionalAction, default=None,
                    help="render each prompt in the model's caption template before sampling, as a user gets it "
                         "(checkpoint only; default: as the pipeline's config says, on for the shipped video "
@@ -258,7 +262,11 @@ def score_videos(args, prompts) -> dict:
         from .sampling import sample_videos
 
         video_prompts = list(prompts.values()) if isinstance(prompts, dict) else list(prompts)
+        dtype = DTYPES[args.dtype] if args.dtype else (
+            torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32)
+        sampling_dtype = str(dtype).removeprefix("torch.")
         videos = sample_videos(args.checkpoint, video_prompts, args.seed, args.device, progress=not args.quiet,
+                               dtype=dtype,
                                num_inference_steps=args.steps, guidance_scale=args.guidance,
                                height=args.height, width=args.width, num_frames=args.num_frames,
                                batch_size=args.batch_size, text_encoder=args.text_encoder,
@@ -275,6 +283,8 @@ def score_videos(args, prompts) -> dict:
     for name, prompt, entry in zip(names, video_prompts, report["per_video"]):
         entry["video"], entry["prompt"] = name, prompt
     report["frame_features"] = {"subject": subject_fx.name, "background": background_fx.name}
+    if args.checkpoint:
+        report["sampling_dtype"] = sampling_dtype
     report["video_sizes"] = sorted({tuple(int(n) for n in v.shape[:3]) for v in videos})  # (frames, height, width)
     if skipped:
         report["skipped_videos"] = skipped
