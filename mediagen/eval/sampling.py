@@ -91,6 +91,7 @@ def swap_text_encoder(pipe, name: str, device="cpu"):
     width = getattr(pipe.transformer.config, "text_dim", None)
     if width is not None and encoder.hidden_size != width:
         raise ValueError(f"text_encoder={name!r} gives {encoder.hidden_size}-d states; the transformer takes {width}")
+    encoder.model.to(dtype=pipe.transformer.dtype)   # in the pipeline's precision, as its own encoder is
     pipe.register_modules(text_encoder=encoder.model, tokenizer=encoder.tokenizer)
     return pipe
 
@@ -102,8 +103,6 @@ def sample_videos(checkpoint, prompts, seed: int = 0, device="cpu", progress=Tru
     pipe = load_pipeline(checkpoint, device, dtype)
     if text_encoder is not None:
         swap_text_encoder(pipe, text_encoder, device)
-        if dtype != torch.float32:
-            pipe.to(dtype=dtype)   # the swapped-in encoder arrives in fp32
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     videos = []

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_cli import DTYPES
+from ..pipelines.generate_cli import DTYPES, sampling_dtype
 from .frame_features import DEFAULT_BACKGROUND_FEATURES, DEFAULT_SUBJECT_FEATURES
 from .json_report import write_json_report
 
@@ -262,9 +262,7 @@ def score_videos(args, prompts) -> dict:
         from .sampling import sample_videos
 
         video_prompts = list(prompts.values()) if isinstance(prompts, dict) else list(prompts)
-        dtype = DTYPES[args.dtype] if args.dtype else (
-            torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32)
-        sampling_dtype = str(dtype).removeprefix("torch.")
+        dtype = sampling_dtype(args.dtype, args.device)
         videos = sample_videos(args.checkpoint, video_prompts, args.seed, args.device, progress=not args.quiet,
                                dtype=dtype,
                                num_inference_steps=args.steps, guidance_scale=args.guidance,
@@ -284,7 +282,7 @@ def score_videos(args, prompts) -> dict:
         entry["video"], entry["prompt"] = name, prompt
     report["frame_features"] = {"subject": subject_fx.name, "background": background_fx.name}
     if args.checkpoint:
-        report["sampling_dtype"] = sampling_dtype
+        report["sampling_dtype"] = str(dtype).removeprefix("torch.")
     report["video_sizes"] = sorted({tuple(int(n) for n in v.shape[:3]) for v in videos})  # (frames, height, width)
     if skipped:
         report["skipped_videos"] = skipped

@@ -34,6 +34,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
 
 
+def sampling_dtype(name: str | None, device) -> torch.dtype:
+    """--dtype NAME (a DTYPES key), else the default: bf16 on cuda, fp32 elsewhere."""
+    if name:
+        return DTYPES[name]
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace("x", ",").split(",") if x]
@@ -146,7 +153,7 @@ def run(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = sampling_dtype(args.dtype, device)
     if args.runtime == "cuda-graphs" and device.type != "cuda":   # refused before any model is built
         raise ValueError(f"--runtime cuda-graphs is not allowed with --device {args.device}: CUDA graphs need "
                          f"--device cuda; use --runtime compile or eager")
