@@ -37,10 +37,13 @@ def test_moving_mnist_clips_move_as_captioned():
     assert np.array_equal(ds.clip(5)[0], MovingMNISTDataset(resolution=64, num_frames=12, length=50).clip(5)[0])
 
 
-@pytest.mark.parametrize("num_digits", [1, 2])
-def test_moving_mnist_batches_drawn_at_once_equal_clips_drawn_one_by_one(num_digits):
-    ds = MovingMNISTDataset(resolution=40, num_frames=6, num_digits=num_digits, length=100, seed=3)
+@pytest.mark.parametrize("num_digits, two_digit_fraction", [(1, 0.0), (2, 0.0), (1, 0.5)])
+def test_moving_mnist_batches_drawn_at_once_equal_clips_drawn_one_by_one(num_digits, two_digit_fraction):
+    ds = MovingMNISTDataset(resolution=40, num_frames=6, num_digits=num_digits, length=100, seed=3,
+                            two_digit_fraction=two_digit_fraction)
     ids = [7, 0, 42, 99, 13]
+    counts = {len(ds.plan(i)[0]) for i in ids}
+    assert counts == ({1, 2} if two_digit_fraction else {num_digits})   # a mixed batch holds both kinds
     frames, digits, directions = ds.render(ids)
     for row, i in enumerate(ids):
         # the plan placed by hand: each digit at its rounded position on each frame, brighter pixel wins
@@ -75,6 +78,30 @@ def test_moving_mnist_still_clips_stand_still_with_a_caption_without_direction()
     assert len(plain.all_captions()) == 40
     with pytest.raises(ValueError, match=r"data.static_fraction=1.5 is not allowed"):
         MovingMNISTDataset(resolution=40, static_fraction=1.5)
+
+
+def test_moving_mnist_two_digit_fraction_mixes_two_digit_clips_into_one_digit_data():
+    plain = MovingMNISTDataset(resolution=64, num_frames=8, length=400, seed=4, static_fraction=0.1)
+    mixed = MovingMNISTDataset(resolution=64, num_frames=8, length=400, seed=4, static_fraction=0.1,
+                               two_digit_fraction=0.3)
+    two = [i for i in range(400) if len(mixed.plan(i)[0]) == 2]
+    assert 80 <= len(two) <= 160                                          # about three in ten
+    one = [i for i in range(400) if i not in two]
+    for i in one[:10]:                                                    # the one-digit clips are plain's
+        assert np.array_equal(mixed.clip(i)[0], plain.clip(i)[0]) and mixed[i]["caption"] == plain[i]["caption"]
+    moving_two = [i for i in two if mixed.plan(i)[1][0] != "still"]
+    for i in moving_two[:5]:
+        frames, digits, directions = mixed.clip(i)
+        prompt = parse_prompt(mixed[i]["caption"])
+        assert " while " in mixed[i]["caption"] and prompt.digits == digits and len(digits) == 2
+        for name in directions:                                           # pixels: the batch test above
+            assert name in ("left", "right", "up", "down")
+    captions = mixed.all_captions()
+    assert len(captions) == 40 + 1600 + 10 + 100 and "the digit 3 moves left while the digit 8 moves down" in captions
+    with pytest.raises(ValueError, match=r"data.two_digit_fraction=0.3 is not allowed with data.num_digits=2"):
+        MovingMNISTDataset(resolution=64, num_frames=8, num_digits=2, two_digit_fraction=0.3)
+    with pytest.raises(ValueError, match=r"data.two_digit_fraction=1.5 is not allowed"):
+        MovingMNISTDataset(resolution=64, num_frames=8, two_digit_fraction=1.5)
 
 
 def test_image_folder_jsonl_csv_and_buckets(tmp_path):

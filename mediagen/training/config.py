@@ -96,6 +96,7 @@ class DataConfig:
     frame_buckets: list[int] = field(default_factory=list)          # video-folder: allowed frame counts
     resolution_buckets: list[list[int]] = field(default_factory=list)  # [[h, w], ...] for image/video folders
     num_digits: int = 1                     # moving-mnist digits per clip
+    two_digit_fraction: float = 0.0         # moving-mnist with num_digits 1: share of clips showing two digits
     speed: float = 2.0                      # moving-mnist pixels per frame
     static_fraction: float = 0.0            # moving-mnist: share of clips standing still, captioned without a
                                             # direction ("the digit 3"), for prompt-mode stills
@@ -234,6 +235,7 @@ _RANGES = {
     "data.channels": (lambda v: v >= 1, "an int >= 1"),
     "data.num_frames": (lambda v: v >= 1, "an int >= 1"),
     "data.num_digits": (lambda v: v >= 1, "an int >= 1"),
+    "data.two_digit_fraction": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.length": (lambda v: v >= 1, "an int >= 1"),
     "data.static_fraction": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.varied_captions": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),

@@ -28,7 +28,8 @@ def build_dataset(data, task: str, seed: int = 0):
         clips = MovingMNISTDataset(resolution=data.resolution, num_frames=data.num_frames, num_digits=data.num_digits,
                                    speed=data.speed, length=data.length, channels=data.channels, split=data.split,
                                    seed=seed, static_fraction=data.static_fraction,
-                                   frame_buckets=data.frame_buckets, resolution_buckets=data.resolution_buckets)
+                                   frame_buckets=data.frame_buckets, resolution_buckets=data.resolution_buckets,
+                                   two_digit_fraction=data.two_digit_fraction)
         return VariedCaptions(clips, data.varied_captions, seed) if data.varied_captions else clips
     if data.dataset == "latent-cache":
         return LatentCacheDataset(data.cache_dir)

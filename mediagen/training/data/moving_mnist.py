@@ -88,13 +88,23 @@ class MovingMNISTDataset(Dataset):
     ``frame_buckets`` / ``resolution_buckets`` (``clip_sizes``) give several clip sizes; clip ``i`` has
     size ``i % len(sizes)`` and ``bucket_ids`` tells the trainer's sampler to batch clips of one size
     together. ``resolution``, ``num_frames``, ``digit``, ``digits`` and ``step`` are those of the first size.
+
+    With ``num_digits=1``, a fraction ``two_digit_fraction`` of the clips shows two digits instead ("the
+    digit 3 moves left while the digit 8 moves down"), so one model learns both kinds of prompt; the choice
+    comes from a generator of its own, so the one-digit clips are those of a one-digit dataset.
     """
 
     def __init__(self, *, resolution: int = 64, num_frames: int = 16, num_digits: int = 1, speed: float = 2.0,
                  length: int = 100000, channels: int = 1, split: str = "train", seed: int = 0,
-                 static_fraction: float = 0.0, frame_buckets=(), resolution_buckets=()):
+                 static_fraction: float = 0.0, frame_buckets=(), resolution_buckets=(),
+                 two_digit_fraction: float = 0.0):
         if num_digits < 1:
             raise ValueError(f"data.num_digits={num_digits} is not allowed: use 1 or more")
+        if not 0.0 <= two_digit_fraction <= 1.0:
+            raise ValueError(f"data.two_digit_fraction={two_digit_fraction} is not allowed: use a number in [0, 1]")
+        if two_digit_fraction and num_digits != 1:
+            raise ValueError(f"data.two_digit_fraction={two_digit_fraction} is not allowed with data.num_digits="
+                             f"{num_digits}: it mixes two-digit clips into a one-digit dataset (num_digits: 1)")
         if not 0.0 <= static_fraction <= 1.0:
             raise ValueError(f"data.static_fraction={static_fraction} is not allowed: use a number in [0, 1]")
         self.sizes = clip_sizes(num_frames, resolution, frame_buckets, resolution_buckets)
@@ -121,6 +131,7 @@ class MovingMNISTDataset(Dataset):
         self.digit, self.step = digit_side(self.resolution), self.steps[0]
         self.digits = self.digit_images(self.digit)
         self.num_digits = num_digits
+        self.two_digit_fraction = two_digit_fraction
         self.speed, self.length, self.channels, self.seed = speed, length, channels, seed
         self._device_digits: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -148,13 +159,16 @@ class MovingMNISTDataset(Dataset):
         rng = np.random.default_rng([self.seed, i])
         # drawn from a generator of its own, so that with static_fraction=0 every clip is unchanged
         still = self.static_fraction > 0 and np.random.default_rng([self.seed, i, 1]).random() < self.static_fraction
+        count = self.num_digits
+        if self.two_digit_fraction > 0 and np.random.default_rng([self.seed, i, 3]).random() < self.two_digit_fraction:
+            count = 2
         s = self.size_index(i)
         (num_frames, resolution), step = self.sizes[s], self.steps[s]
         side = digit_side(resolution)
         free = resolution - side
         travel = step * (num_frames - 1)
         ks, names, ranges, ys, xs = [], [], [], [], []
-        for _ in range(self.num_digits):
+        for _ in range(count):
             k = int(rng.integers(len(self.labels)))
             name = list(DIRECTIONS)[int(rng.integers(4))]
             if still:
@@ -196,12 +210,17 @@ class MovingMNISTDataset(Dataset):
         s = which.pop() if which else 0
         (T, R), step = self.sizes[s], self.steps[s]
         plans = [self.plan(i) for i in indices]
-        B, nd, D = len(plans), self.num_digits, digit_side(R)
+        B, nd, D = len(plans), max((len(p[0]) for p in plans), default=self.num_digits), digit_side(R)
         t = np.arange(T, dtype=np.float64) * step
-        k = np.array([p[0] for p in plans], np.int64).reshape(B, nd)                    # (B, nd)
-        vel = np.array([[MOTIONS[m] for m in p[1]] for p in plans], np.float64).reshape(B, nd, 2)
-        y0 = np.array([p[2] for p in plans], np.float64).reshape(B, nd)
-        x0 = np.array([p[3] for p in plans], np.float64).reshape(B, nd)
+
+        def padded(values, fill):                                     # clips with fewer digits: (B, nd)
+            return [list(v) + [fill] * (nd - len(v)) for v in values]
+
+        shown = np.array(padded([[1.0] * len(p[0]) for p in plans], 0.0), np.float32)  # (B, nd)
+        k = np.array(padded([p[0] for p in plans], 0), np.int64).reshape(B, nd)
+        vel = np.array(padded([[MOTIONS[m] for m in p[1]] for p in plans], (0, 0)), np.float64).reshape(B, nd, 2)
+        y0 = np.array(padded([p[2] for p in plans], 0.0), np.float64).reshape(B, nd)
+        x0 = np.array(padded([p[3] for p in plans], 0.0), np.float64).reshape(B, nd)
         # positions rounded half up on the float64 path (the same numbers on every device): rounding is
         # then monotone with round(x + 1) = round(x) + 1, so a step of at least one pixel moves the digit
         # on every frame (half-to-even rounding would give 2.5 -> 2 after 1.5 -> 2)
@@ -217,6 +236,7 @@ class MovingMNISTDataset(Dataset):
             inside = ((dr >= 0) & (dr < D))[..., :, None] & ((dc >= 0) & (dc < D))[..., None, :]
             img = digits[torch.from_numpy(k[:, j]).to(device)]                            # (B, D, D)
             drawn = img[b, dr.clamp(0, D - 1)[..., :, None], dc.clamp(0, D - 1)[..., None, :]]
+            drawn = drawn * torch.from_numpy(shown[:, j]).to(device)[:, None, None, None]
             frames = torch.maximum(frames, drawn * inside)  # overlapping digits: the brighter pixel
         labels = [[int(self.labels[kk]) for kk in p[0]] for p in plans]
         return frames, labels, [p[1] for p in plans]
@@ -248,10 +268,10 @@ class MovingMNISTDataset(Dataset):
     def all_captions(self) -> list[str]:
         """Every caption a clip can have (for a text-embedding cache)."""
         one = [(d, m) for d in range(10) for m in DIRECTIONS]
+        counts = [self.num_digits] + ([2] if self.two_digit_fraction else [])
         moving = [clip_caption([c[0] for c in combo], [c[1] for c in combo])
-                  for combo in itertools.product(one, repeat=self.num_digits)]
+                  for n in counts for combo in itertools.product(one, repeat=n)]
         if not self.static_fraction:
             return moving
-        still = [clip_caption(list(ds), [STILL] * self.num_digits)
-                 for ds in itertools.product(range(10), repeat=self.num_digits)]
+        still = [clip_caption(list(ds), [STILL] * n) for n in counts for ds in itertools.product(range(10), repeat=n)]
         return moving + still
