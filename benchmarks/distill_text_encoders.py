@@ -14,6 +14,12 @@ for the rest. A tenth of the two-digit template captions and every held-out word
 summary has the mean token cosine to MiniLM on the 40 one-digit template captions, the token states the
 video models read.
 
+``--reader video-mhla video-sdpa`` (shipped names or pipeline folders) adds what those video transformers
+read from the token states to the loss (``CrossAttentionReader``: text projection, every block's
+cross-attention keys and values; ``--reader-weight``), and a "reads" similarity (1 - relative squared
+error of those reads) on the evaluation sets. ``--empty-share`` of the prompts are "", the negative prompt
+that classifier-free guidance encodes.
+
 ``--init DIR`` continues from a saved encoder (e.g. the shipped ``mediagen/checkpoints/text-mlra``)
 instead of MiniLM's calibrated initialisation.
 
@@ -43,9 +49,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from mediagen.text.encoders import (DistillConfig, PromptEncoder, distill, encoder_from_minilm,
-                                    load_minilm, load_minilm_tokenizer, load_text_encoder, make_prompts,
-                                    sentence_similarity, token_similarity)
+from mediagen.text.encoders import (CrossAttentionReader, DistillConfig, PromptEncoder, distill,
+                                    encoder_from_minilm, load_minilm, load_minilm_tokenizer, load_text_encoder,
+                                    make_prompts, read_similarity, sentence_similarity, token_similarity)
 from mediagen.text.kernels.hla import fla_available
 from mediagen.training.data.moving_mnist import DIRECTIONS, STILL, clip_caption
 from mediagen.training.data.wordings import caption_corpus
@@ -64,11 +70,13 @@ def mmnist_captions(seed: int = 0):
     return singles, pairs[cut:], pairs[:cut]
 
 
-def prompt_mix(n_general: int, weight: float, seed: int, template_share: float = 0.4):
+def prompt_mix(n_general: int, weight: float, seed: int, template_share: float = 0.4, empty_share: float = 0.0):
     """General prompts plus Moving-MNIST captions making up ``weight`` of the list; distillation samples
     the list uniformly. Of the captions, ``template_share`` are template ones (drawn with replacement:
     6 in 10 one-digit, as the shipped video models are trained, 3 in 10 two-digit, 1 in 10 still), the
-    rest varied wordings in the same shares."""
+    rest varied wordings in the same shares. Then "" is added to make up ``empty_share`` of the list."""
+    if not 0 <= empty_share < 1:
+        raise ValueError(f"--empty-share={empty_share} is not allowed: use 0 <= s < 1")
     if not 0 <= weight < 1:
         raise ValueError(f"--mmnist-weight={weight} is not allowed: use 0 <= w < 1")
     if not 0 <= template_share <= 1:
@@ -84,7 +92,8 @@ def prompt_mix(n_general: int, weight: float, seed: int, template_share: float =
         pick = rng.random()
         captions.append(rng.choice(stills if pick < 0.1 else singles if pick < 0.7 else pairs))
     varied = caption_corpus(n - n_template, seed, two_digits=1 / 3, still=0.1)
-    return general + captions + varied
+    mix = general + captions + varied
+    return mix + [""] * round(len(mix) * empty_share / (1 - empty_share))
 
 
 def token_evals(seed: int) -> dict:
@@ -94,34 +103,59 @@ def token_evals(seed: int) -> dict:
     return {"mmnist_1digit": singles, "heldout_wordings": caption_corpus(120, seed + 1, held_out=True)}
 
 
-def similarities(model, teacher, tok, evals, device, tokens: dict | None = None) -> dict:
-    """Sentence-embedding cosine per set of ``evals``, and with ``tokens`` the mean token cosine per set
-    of it (keys ``tokens_<set>``)."""
+def similarities(model, teacher, tok, evals, device, tokens: dict | None = None, reader=None) -> dict:
+    """Sentence-embedding cosine per set of ``evals``; with ``tokens`` the mean token cosine per set of it
+    (keys ``tokens_<set>``), and with ``reader`` too the similarity of the reads (``reads_<set>``)."""
     out = {name: round(sentence_similarity(model, teacher, tok, prompts, device=device), 5)
            for name, prompts in evals.items()}
     for name, prompts in (tokens or {}).items():
         out[f"tokens_{name}"] = round(token_similarity(model, teacher, tok, prompts, device=device), 5)
+        if reader is not None:
+            out[f"reads_{name}"] = round(read_similarity(model, teacher, tok, prompts, reader, device=device), 5)
     return out
 
 
+def load_reader(names, device):
+    """``CrossAttentionReader`` over the transformers of the pipelines ``names`` (shipped names or
+    folders); None when ``names`` is empty."""
+    if not names:
+        return None
+    from mediagen.models.converted import MHLAWanTransformer3DModel
+    from mediagen.pipelines.shipping import shipped_checkpoint
+
+    transformers = []
+    for name in names:
+        folder = shipped_checkpoint(name) or Path(name)
+        if not (folder / "transformer" / "config.json").is_file():
+            raise ValueError(f"--reader {name!r} is neither a shipped video model nor a pipeline folder with a "
+                             "transformer/ in it")
+        transformers.append(MHLAWanTransformer3DModel.from_pretrained(folder / "transformer",
+                                                                      torch_dtype=torch.float32))
+    return CrossAttentionReader(transformers).to(device)
+
+
 def initial_student(name, args):
-    """MiniLM's calibrated initialisation, or the saved encoder ``--init`` names (same attention)."""
+    """MiniLM's calibrated initialisation, or the saved encoder ``--init`` names (same attention); with
+    ``--echo`` it reads each prompt twice (``MediagenTextEncoder``'s ``echo``)."""
     if args.init is None:
-        return encoder_from_minilm(name, calibration_prompts=args.calibration_prompts)
-    model = load_text_encoder(args.init).model
-    if model.config.attention != name:
-        raise ValueError(f"--init {args.init} holds a {model.config.attention!r} encoder, not {name!r}: "
-                         "distil one encoder at a time with --encoders")
+        model = encoder_from_minilm(name, calibration_prompts=args.calibration_prompts)
+    else:
+        model = load_text_encoder(args.init).model
+        if model.config.attention != name:
+            raise ValueError(f"--init {args.init} holds a {model.config.attention!r} encoder, not {name!r}: "
+                             "distil one encoder at a time with --encoders")
+    if args.echo:
+        model.register_to_config(echo=True)
     return model
 
 
-def run_one(name, args, teacher, tok, prompts, evals, tokens, device) -> dict:
+def run_one(name, args, teacher, tok, prompts, evals, tokens, device, reader=None) -> dict:
     # not measure: one distillation's elapsed times, spent against --time-limit, not a repeated call
     t0 = time.perf_counter()
     student = initial_student(name, args).to(device)
     init_s = time.perf_counter() - t0
     t_eval = time.perf_counter()
-    before = similarities(student, teacher, tok, evals, device, tokens)
+    before = similarities(student, teacher, tok, evals, device, tokens, reader)
     eval_s = time.perf_counter() - t_eval
     # left for training: the budget minus what is spent, one more evaluation, a reload check and saving
     budget = None
@@ -131,11 +165,12 @@ def run_one(name, args, teacher, tok, prompts, evals, tokens, device) -> dict:
           f"training budget {'none' if budget is None else f'{budget:.0f}s'}", flush=True)
     cfg = DistillConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                         seed=args.seed, log_every=args.log_every, train_only=args.train_only,
-                        time_limit=budget)
+                        time_limit=budget, reader_weight=args.reader_weight)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t1 = time.perf_counter()
-    history = distill(student, teacher, tok, cfg, prompts=prompts, device=device, progress=sys.stderr.isatty())
+    history = distill(student, teacher, tok, cfg, prompts=prompts, device=device, progress=sys.stderr.isatty(),
+                      reader=reader)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t1
@@ -143,7 +178,7 @@ def run_one(name, args, teacher, tok, prompts, evals, tokens, device) -> dict:
     for h in history:
         print(f"[{name}] step {h['step']}: " + ", ".join(f"{k} {v:.4f}" for k, v in h.items()
                                                           if isinstance(v, float)), flush=True)
-    after = similarities(student, teacher, tok, evals, device, tokens)
+    after = similarities(student, teacher, tok, evals, device, tokens, reader)
     print(f"[{name}] {steps} steps in {train_s:.1f}s ({steps / train_s:.2f} steps/s), "
           f"similarity after: {after}", flush=True)
     folder = Path(args.out_dir) / FOLDERS.get(name, f"text-{name}")
@@ -200,6 +235,14 @@ def main(argv=None) -> int:
                    help="share of Moving-MNIST captions (what the video models read) in the prompt mix")
     p.add_argument("--template-share", type=float, default=0.4,
                    help="share of the captions in the template wording; the rest in varied wordings")
+    p.add_argument("--empty-share", type=float, default=0.0,
+                   help="share of empty prompts (classifier-free guidance's negative prompt) in the mix")
+    p.add_argument("--reader", nargs="*", default=[],
+                   help="video models (shipped names or folders) whose cross-attention reads join the loss")
+    p.add_argument("--reader-weight", type=float, default=1.0)
+    p.add_argument("--echo", action="store_true",
+                   help="the student reads each prompt twice and returns the second copy's states (every token "
+                        "then sees the whole prompt; the attention stays causal)")
     p.add_argument("--init", default=None,
                    help="a saved encoder folder to continue from (default: MiniLM's calibrated initialisation)")
     p.add_argument("--heldout-prompts", type=int, default=512)
@@ -228,16 +271,18 @@ def main(argv=None) -> int:
     tokens = token_evals(args.seed)
     evals = {"heldout": make_prompts(args.heldout_prompts, "heldout"), "mmnist_1digit": singles,
              "mmnist_2digit_heldout": held_pairs, "heldout_wordings": tokens["heldout_wordings"]}
-    prompts = prompt_mix(args.train_prompts, args.mmnist_weight, args.seed, args.template_share)
+    prompts = prompt_mix(args.train_prompts, args.mmnist_weight, args.seed, args.template_share, args.empty_share)
+    reader = load_reader(args.reader, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     summary = {"device": f"{name} ({device})", "torch": torch.__version__, "fla": fla_available(),
                "args": vars(args), "eval_sizes": {**{k: len(v) for k, v in evals.items()},
-                                                  **{f"tokens_{k}": len(v) for k, v in tokens.items()}},
+                                                  **{f"tokens_{k}": len(v) for k, v in tokens.items()},
+                                                  **{f"reads_{k}": len(v) for k, v in tokens.items() if reader}},
                "train_prompts": len(prompts), "encoders": {}}
     print(f"device {summary['device']}, fla {summary['fla']}, {len(prompts)} training prompts "
           f"({args.mmnist_weight:.0%} Moving-MNIST captions, {args.template_share:.0%} of them template)", flush=True)
     for enc in args.encoders:
-        summary["encoders"][enc] = run_one(enc, args, teacher, tok, prompts, evals, tokens, device)
+        summary["encoders"][enc] = run_one(enc, args, teacher, tok, prompts, evals, tokens, device, reader)
         summary["wall_s"] = round(time.perf_counter() - start, 2)
         (out / "distill_text_encoders.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["wall_s"] = round(time.perf_counter() - start, 2)

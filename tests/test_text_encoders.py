@@ -37,23 +37,25 @@ def tiny(attention, **kw):
     return model
 
 
+@pytest.mark.parametrize("echo", [False, True])
 @pytest.mark.parametrize("attention", ATTENTIONS)
-def test_save_load_round_trip(attention, tmp_path, tokenizer):
-    model = tiny(attention)
+def test_save_load_round_trip(attention, echo, tmp_path, tokenizer):
+    model = tiny(attention, echo=echo)
     enc = PromptEncoder(tokenizer, model, kind="mediagen")
     emb, mask = enc.encode(["a red fox in the snow", ""], max_length=12)
     enc.save_pretrained(tmp_path)
     assert (tmp_path / "diffusion_pytorch_model.safetensors").is_file()
     again = load_text_encoder(str(tmp_path))
-    assert again.model.config.attention == attention
+    assert again.model.config.attention == attention and again.model.config.echo == echo
     emb2, mask2 = again.encode(["a red fox in the snow", ""], max_length=12)
     torch.testing.assert_close(emb2, emb)
     assert torch.equal(mask2, mask)
 
 
+@pytest.mark.parametrize("echo", [False, True])
 @pytest.mark.parametrize("attention", ATTENTIONS)
-def test_padding_changes_no_real_token(attention, tokenizer):
-    enc = PromptEncoder(tokenizer, tiny(attention), kind="mediagen")
+def test_padding_changes_no_real_token(attention, echo, tokenizer):
+    enc = PromptEncoder(tokenizer, tiny(attention, echo=echo), kind="mediagen")
     short = "a cat"
     long = "a very long prompt about a lighthouse on a cliff at night with waves and a storm"
     alone, mask_alone = enc.encode([short], padding="longest")
@@ -87,10 +89,36 @@ def test_short_paths_give_the_encoder_the_long_paths_result(attention):
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
-def test_no_mask_means_every_token_is_real(attention):
+def test_echo_lets_every_token_see_the_whole_prompt(attention, tokenizer):
+    """With echo the first words' states change with the last word (a causal encoder's cannot); the
+    states are those of the second copy of the prompt, at the first copy's positions."""
+    first = tokenizer(["the digit 3 moves left"], return_tensors="pt")
+    last = tokenizer(["the digit 3 moves right"], return_tensors="pt")
+    for echo in (False, True):
+        model = tiny(attention, echo=echo)
+        with torch.no_grad():
+            a = model(first["input_ids"], first["attention_mask"]).last_hidden_state
+            b = model(last["input_ids"], last["attention_mask"]).last_hidden_state
+        changed = (a[0, :4] - b[0, :4]).abs().amax(-1)                # [CLS] the digit 3
+        assert (changed > 1e-4).all() if echo else (changed == 0).all(), (echo, changed)
+    ids = first["input_ids"]
+    doubled = torch.cat([ids, ids], 1)
+    positions = torch.cat([torch.arange(ids.shape[1])] * 2)
+    with torch.no_grad():
+        x = model.embed(doubled, positions)
+        for layer in model.layers:
+            x = layer(x, None)
+        want = x[:, ids.shape[1]:]
+        got = model(ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_no_mask_means_every_token_is_real(attention, echo):
     """Without attention_mask the layers skip masking altogether; the result is the all-ones mask's, and
     the output reports that mask."""
-    model = tiny(attention)
+    model = tiny(attention, echo=echo)
     ids = torch.randint(1000, 2000, (2, 11))
     with torch.no_grad():
         plain = model(ids)
@@ -320,3 +348,14 @@ def test_distillation_prompts_hold_varied_wordings_and_no_held_out_one():
     assert len(set(captions) - set(template)) >= 350                  # varied wordings barely repeat
     held = token_evals(0)["heldout_wordings"]
     assert all(set(re.findall(r"[a-z]+|[?;]", c.lower())) & set(HELD_OUT_MARKERS) for c in held)
+
+
+def test_distillation_prompts_can_hold_the_empty_negative_prompt():
+    from benchmarks.distill_text_encoders import prompt_mix
+
+    plain = prompt_mix(300, 0.7, seed=0)
+    mixed = prompt_mix(300, 0.7, seed=0, empty_share=0.05)
+    assert "" not in plain and mixed[:len(plain)] == plain
+    assert abs(mixed.count("") / len(mixed) - 0.05) < 0.005
+    with pytest.raises(ValueError, match=r"--empty-share=1.0 is not allowed"):
+        prompt_mix(300, 0.7, seed=0, empty_share=1.0)

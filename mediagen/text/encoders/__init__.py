@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .distill import (DistillConfig, distill, distillation_loss, mean_pool, sentence_similarity,
-                      token_similarity)
+from .distill import (CrossAttentionReader, DistillConfig, distill, distillation_loss, mean_pool,
+                      read_similarity, reader_error, sentence_similarity, token_similarity)
 from .encoder import ATTENTIONS, MediagenTextEncoder
 from .from_minilm import default_cache_dir, encoder_from_minilm
 from .minilm import MINILM_MAX_LENGTH, dtype_kwarg, load_minilm, load_minilm_tokenizer, minilm_path
@@ -114,6 +114,6 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
 
 __all__ = ["load_text_encoder", "PromptEncoder", "MediagenTextEncoder", "TextEncoderOutput", "ATTENTIONS",
            "encoder_from_minilm", "load_minilm", "load_minilm_tokenizer", "minilm_path", "distill",
-           "DistillConfig", "distillation_loss", "sentence_similarity", "token_similarity", "mean_pool",
-           "make_prompts",
+           "DistillConfig", "distillation_loss", "CrossAttentionReader", "reader_error", "read_similarity",
+           "sentence_similarity", "token_similarity", "mean_pool", "make_prompts",
            "save_slim", "load_slim", "is_slim", "DISTILLED", "NAMES", "distilled_path", "default_cache_dir"]

@@ -5,6 +5,12 @@ Loss per batch (real tokens only): MSE(student, teacher) + (1 - cos(student, tea
 The student is causal and the teacher bidirectional, so early tokens cannot match exactly; the
 sentence term keeps the pooled embedding (what MiniLM is trained for) close.
 
+With a ``reader`` (``cross_attention_reader``: what a diffusion transformer computes from the token
+states, its text projection and every cross-attention's keys and values) the loss adds
+``DistillConfig.reader_weight`` times the relative squared error of those reads: the student then
+spends its capacity on the directions the video models attend to, not on every direction of MiniLM's
+384 equally.
+
 ``DistillConfig.train_only="attention"`` trains the attention modules and every norm only, leaving the
 embeddings and FFNs copied from MiniLM frozen, so that a slim checkpoint (``slim.py``) stores about
 a sixth of the weights. ``time_limit`` bounds the loop's wall time: after a few steps the step count
@@ -43,6 +49,40 @@ def distillation_loss(student_hidden, teacher_hidden, mask, aux_loss=None):
     return total, {"token_mse": token_mse.item(), "token_cos": token_cos.item(), "sentence_cos": sent_cos.item()}
 
 
+def reader_error(reader, student_hidden, teacher_reads, mask):
+    """Mean over ``reader``'s outputs of the relative squared error on real tokens,
+    sum ||r(s) - r(t)||^2 / sum ||r(t)||^2; ``teacher_reads`` is ``reader`` of the teacher's states.
+    Padded positions are zeroed first, as the pipelines hand them to the transformer."""
+    real = mask.bool()
+    reads = reader(student_hidden * mask[..., None].to(student_hidden.dtype))
+    errors = [((a[real].float() - b[real].float()) ** 2).sum() / (b[real].float() ** 2).sum().clamp_min(1e-12)
+              for a, b in zip(reads, teacher_reads)]
+    return torch.stack(errors).mean()
+
+
+class CrossAttentionReader(torch.nn.Module):
+    """What Wan-style transformers read from text token states: per transformer its text projection
+    (``condition_embedder.text_embedder``), then per block the cross-attention's keys (after
+    ``norm_k``) and values. Frozen; gradients pass through it to the states."""
+
+    def __init__(self, transformers):
+        super().__init__()
+        self.transformers = torch.nn.ModuleList(transformers)
+        for t in self.transformers:
+            t.requires_grad_(False)
+            t.eval()
+
+    def forward(self, states):
+        reads = []
+        for t in self.transformers:
+            text = t.condition_embedder.text_embedder(states)
+            for block in t.blocks:
+                attn = block.attn2
+                key = attn.to_k(text)
+                reads += [attn.norm_k(key) if getattr(attn, "norm_k", None) is not None else key, attn.to_v(text)]
+        return reads
+
+
 # train_only presets: a regular expression searched in parameter names
 TRAIN_ONLY = {"attention": r"\.attn\.|norm"}                          # layers.i.attn.*, every LayerNorm/RMSNorm
 
@@ -77,6 +117,7 @@ class DistillConfig:
     log_every: int = 50
     train_only: str | None = None          # None/"all", "attention" (attention + norms) or a name regex
     time_limit: float | None = None        # seconds for the loop; fewer steps if needed, never longer
+    reader_weight: float = 1.0             # weight of reader_error when distill is given a reader
     history: list = field(default_factory=list)
 
 
@@ -91,9 +132,10 @@ def _one_cycle(opt, cfg, total: int, done: int = 0):
 
 
 def distill(student, teacher, tokenizer, config: DistillConfig | None = None, prompts: list[str] | None = None,
-            device=None, progress: bool = True):
+            device=None, progress: bool = True, reader=None):
     """Train ``student`` (MediagenTextEncoder) to reproduce ``teacher``'s (MiniLM BertModel) token
-    embeddings. Returns the list of logged loss dicts (the last one is the last step taken; it has
+    embeddings, and with ``reader`` (e.g. ``CrossAttentionReader``) what a downstream model reads from
+    them. Returns the list of logged loss dicts (the last one is the last step taken; it has
     ``"stopped": "time_limit"`` when the time limit cut the run short). The teacher stays frozen;
     parameters ``config.train_only`` leaves out are not changed (their requires_grad is restored)."""
     cfg = config or DistillConfig()
@@ -103,6 +145,8 @@ def distill(student, teacher, tokenizer, config: DistillConfig | None = None, pr
         raise ValueError("prompts is empty: distillation needs at least one prompt")
     if cfg.time_limit is not None and cfg.time_limit <= 0:
         raise ValueError(f"time_limit={cfg.time_limit} must be > 0 seconds (or None)")
+    if cfg.reader_weight < 0:
+        raise ValueError(f"reader_weight={cfg.reader_weight} must be >= 0")
     gen = torch.Generator().manual_seed(cfg.seed)
     teacher.eval().requires_grad_(False).to(device)
     student.train().to(device)
@@ -127,8 +171,13 @@ def distill(student, teacher, tokenizer, config: DistillConfig | None = None, pr
             ids, mask = batch["input_ids"], batch["attention_mask"]
             with torch.no_grad():
                 target = teacher(input_ids=ids, attention_mask=mask).last_hidden_state
+                target_reads = None if reader is None else reader(target * mask[..., None].to(target.dtype))
             out = student(ids, mask, return_aux=True)
             loss, parts = distillation_loss(out.last_hidden_state, target, mask, out.aux_loss)
+            if reader is not None:
+                read_err = reader_error(reader, out.last_hidden_state, target_reads, mask)
+                loss = loss + cfg.reader_weight * read_err
+                parts["reader_error"] = read_err.item()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -199,3 +248,21 @@ def token_similarity(student, teacher, tokenizer, prompts: list[str], batch_size
         total += F.cosine_similarity(s, t, dim=-1).sum().item()
         count += int(real.sum())
     return total / max(count, 1)
+
+
+@torch.no_grad()
+def read_similarity(student, teacher, tokenizer, prompts: list[str], reader, batch_size: int = 64,
+                    max_length: int = 64, device=None) -> float:
+    """1 - ``reader_error`` over ``prompts``: how closely a downstream model's reads of the student's
+    token states match its reads of MiniLM's (1.0 = identical)."""
+    device = torch.device(device) if device is not None else next(student.parameters()).device
+    errors, weights = [], []
+    for i in range(0, len(prompts), batch_size):
+        batch = tokenizer(prompts[i:i + batch_size], padding=True, truncation=True, max_length=max_length,
+                          return_tensors="pt").to(device)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        t = teacher(input_ids=ids, attention_mask=mask).last_hidden_state
+        reads = reader(t * mask[..., None].to(t.dtype))
+        errors.append(reader_error(reader, student(ids, mask).last_hidden_state, reads, mask).item())
+        weights.append(len(ids))
+    return 1.0 - sum(e * w for e, w in zip(errors, weights)) / sum(weights)

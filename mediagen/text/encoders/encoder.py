@@ -6,8 +6,13 @@ Causal (decoder-only, as SANA conditions on a decoder LM) rather than bidirectio
   * with right padding, padded tokens come after every real token, so they cannot change any real
     token's output by construction (no mask arithmetic to get wrong, and flash kernels stay usable);
   * all four paths then compute the same kind of function, so their latency and quality compare.
-The cost: an early token does not see later words. The diffusion transformer cross-attends to every
-token, and the last tokens summarise the whole prompt, so the conditioning still sees all of it.
+The cost: an early token does not see later words, so no causal encoder can give MiniLM's (bidirectional)
+state where that state depends on later words ("moves" in "the digit 3 moves left" carries "left"). A
+video model trained on MiniLM's states then misreads the digit. ``echo=True`` reads each prompt twice,
+as echo embeddings do for decoder LMs: the encoder runs on ``[real tokens] [real tokens] [padding]``, the
+second copy at the same positions as the first, and returns the second copy's states, each of which has
+seen the whole prompt. The attention stays causal (and right padding stays behind every real token);
+the cost is twice the tokens.
 
 Architecture (so MiniLM's weights map onto it): token embedding + one token-type vector + learned
 absolute positions (``max_position_embeddings``; positions beyond it reuse the last one, while MLRA's
@@ -57,7 +62,7 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
                  mlra_q_latent: int | None = None, mlra_rope_dim: int | None = None,
                  hla_chunk: int = 256, hla_pool: int = 16, hla_gate_bias: float = 2.2,
                  hla_top_k: int | None = None, hla_gate_threshold: float | None = None,
-                 hla_route: str = "token", hla_backend: str = "auto"):
+                 hla_route: str = "token", hla_backend: str = "auto", echo: bool = False):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r} is not allowed: choose one of {ATTENTIONS}")
@@ -86,22 +91,40 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
                            gate_threshold=c.hla_gate_threshold, route=c.hla_route, backend=c.hla_backend,
                            bias=c.attention_bias)
 
-    def embed(self, input_ids):
+    def embed(self, input_ids, positions=None):
         x = self.word_embeddings(input_ids) + self.type_embedding
         if self.position_embeddings is not None:
-            n = input_ids.shape[1]
-            pos = torch.arange(n, device=input_ids.device).clamp_max(self.position_embeddings.num_embeddings - 1)
-            x = x + self.position_embeddings(pos)
+            if positions is None:
+                positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            x = x + self.position_embeddings(positions.clamp_max(self.position_embeddings.num_embeddings - 1))
         return self.embed_norm(x)
 
+    def _echo(self, input_ids, attention_mask):
+        """(ids, mask, positions) of ``[real] [real] [padding]`` per row (B, 2L), and the index (B, L) of
+        each token's second copy in it."""
+        B, L = input_ids.shape
+        lengths = attention_mask.sum(1, keepdim=True) if attention_mask is not None else torch.full(
+            (B, 1), L, device=input_ids.device)
+        j = torch.arange(2 * L, device=input_ids.device).expand(B, -1)
+        positions = torch.where(j < lengths, j, j - lengths)
+        real = j < 2 * lengths
+        ids = torch.where(real, input_ids.gather(1, positions.clamp(0, L - 1)), self.config.pad_token_id)
+        second = (lengths + torch.arange(L, device=input_ids.device)).clamp_max(2 * L - 1)
+        return ids, real.to(torch.long), positions.clamp_min(0), second
+
     def forward(self, input_ids, attention_mask=None, return_aux: bool | None = None, return_dict: bool = True):
-        """input_ids (B, L), attention_mask (B, L) (1 = real). Returns ``TextEncoderOutput``."""
-        x = self.embed(input_ids)
+        """input_ids (B, L), attention_mask (B, L) (1 = real, right padding). Returns ``TextEncoderOutput``."""
+        ids, mask, positions, second = input_ids, attention_mask, None, None
+        if self.config.echo:
+            ids, mask, positions, second = self._echo(input_ids, attention_mask)
+        x = self.embed(ids, positions)
         aux = x.new_zeros(())
         for layer in self.layers:  # no mask given: every token is real, and the layers skip masking
-            x = layer(x, attention_mask)
+            x = layer(x, mask)
             if isinstance(layer.attn, HLAttention) and (return_aux or (return_aux is None and self.training)):
                 aux = aux + layer.attn.aux_losses.get("total", 0.0)
+        if second is not None:
+            x = x.gather(1, second[..., None].expand(-1, -1, x.shape[-1]))
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         else:
