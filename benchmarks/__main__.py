@@ -32,6 +32,7 @@ TOOLS = {
     "fid_curve": "FID / KID of a training run's checkpoints, step by step",
     "time_reversal": "how far a text-to-video model tells a clip from its reverse; the caption-direction gap",
     "distill_text_encoders": "distil the shipped MLRA / HLA text encoders from MiniLM",
+    "encoder_clips": "a video model's clips through each text encoder, drawn as the app draws them, scored",
     "dense_grad_cases": "the dense backward's half-precision gradients against fp64, launch variant by variant",
     "compare_loss_curves": "compare the per-step losses of two training runs' metrics.jsonl",
     "export_minilm": "a half-precision copy of all-MiniLM-L6-v2 for a machine without its wheel",
