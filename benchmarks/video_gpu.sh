@@ -208,20 +208,30 @@ long-score)
   # samples with seed 40 s (mediagen.eval.sampling); each model's folder from long-export
   out=$2; seeds=${3:-10}; mkdir -p "$out"
   # WORDING=held-out: each cell's prompt in a held-out wording (mediagen/training/data/wordings.py, never in
-  # training), the wording rotating with the seed; else the training template
+  # training), the wording rotating with the seed, read as typed (--no-rewrite-prompt: the model's own reading);
+  # WORDING=two-digit: the cell's digit and direction with a second digit (d + 1 + seed) moving another way;
+  # else the training template
   python3 - "$seeds" "${WORDING:-template}" > $R/prompts-grid.txt <<'PY'
 import sys
+from mediagen.data.captions import template_caption
 from mediagen.training.data.wordings import held_out_caption
+ways = ("left", "right", "up", "down")
 for s in range(int(sys.argv[1])):
     for d in range(10):
-        for m in ("left", "right", "up", "down"):
-            print(held_out_caption([d], [m], s + d) if sys.argv[2] == "held-out" else f"the digit {d} moves {m}")
+        for i, m in enumerate(ways):
+            if sys.argv[2] == "held-out":
+                print(held_out_caption([d], [m], s + d))
+            elif sys.argv[2] == "two-digit":
+                print(template_caption([d, (d + 1 + s) % 10], [m, ways[(i + 1 + s) % 4]]))
+            else:
+                print(template_caption([d], [m]))
 PY
+  typed=; [ "${WORDING:-}" = held-out ] && typed=--no-rewrite-prompt
   for a in $ATTNS; do
     for size in ${SIZES:-32x128 16x64}; do
       frames=${size%x*}; side=${size#*x}
       $MG vbench --checkpoint $R/ship/video-$a --prompts $R/prompts-grid.txt --num-frames $frames --height $side \
-        --width $side --steps 8 --guidance 4 --batch-size 40 --background-features pixels --quiet \
+        --width $side --steps 8 --guidance 4 --batch-size 40 --background-features pixels --quiet $typed \
         --out "$out/vbench-$a-$size${WORDING:+-$WORDING}.json" --table "$out/vbench-$a-$size${WORDING:+-$WORDING}.md" > /dev/null
       python3 - "$out/vbench-$a-$size${WORDING:+-$WORDING}.json" "$a $size ${WORDING:-template}" <<'PY'
 import json, sys
@@ -233,7 +243,7 @@ PY
   ;;
 calibrate)
   out=$2; mkdir -p "$out"
-  $MG vbench --calibrate --calibrate-size 16x64,32x128 --calibrate-per-cell ${PER_CELL:-3} \
+  $MG vbench --calibrate --calibrate-size 16x64,32x128 --calibrate-per-cell ${PER_CELL:-3} --calibrate-digits ${DIGITS:-1,2} \
     --out "$out/calibration.json" --table "$out/calibration.md"
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
