@@ -97,8 +97,6 @@ def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward
     """After a dense forward the backward runs the dense kernels (or, switched off or over the block limit, makes
     the summaries again for the chunked ones); both give the reference's gradients, and only the chosen kernels
     launch."""
-    monkeypatch.setattr(op_tiles, "DENSE_BACKWARD", dense_backward)
-    monkeypatch.setattr(op_tiles, "DENSE_BACKWARD_MAX_BLOCKS", max_blocks)
     monkeypatch.setattr(op_autograd, "_plans", {})
     names = ("dense_key_grad_kernel", "key_grad_kernel")
     recorders = {name: LaunchRecorder(getattr(op_launches, name)) for name in names}
@@ -109,13 +107,14 @@ def test_dense_forward_takes_either_backward(device, monkeypatch, dense_backward
     mix = torch.rand(H, 6, 6, device=device)
     inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
     refs = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
-    o = mhla_triton(*inputs, grid, blocks, feature_map="elu1", algorithm="dense")
+    with launch_settings("dense_grad", enabled=dense_backward, max_blocks=max_blocks):
+        o = mhla_triton(*inputs, grid, blocks, feature_map="elu1", algorithm="dense")
     r = mhla_reference(*refs, grid, blocks, feature_map="elu1")
     g = torch.randn_like(o)
     grads, ref_grads = torch.autograd.grad(o, inputs, g), torch.autograd.grad(r, refs, g.double())
     for name, a, b in zip("q k v mix".split(), grads, ref_grads):
         assert rel_err(a, b) < 1e-4, name
-    launched = [len(recorders[n].launches) for n in names]
+    launched = [len(recorders[n].launches) for n in names]    # the backward keeps its forward's settings
     assert launched == ([1, 0] if dense_backward and max_blocks >= 6 else [0, 1])
 
 

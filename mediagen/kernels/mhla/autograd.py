@@ -97,7 +97,8 @@ class _Plan:
         # the mix kernels read the held rows of Mc (a view with Mc's strides): all of it without an exchange
         self.rows_shape = mix.shape if exchange is None else (*mix.shape[:-2], M, self.M_all)
         self.backward_plans: dict = {}
-        self.dense_backward = algorithm == "dense" and exchange is None and _dense_backward(keep, cos is not None, M)
+        self.dense_backward = (algorithm == "dense" and exchange is None
+                               and _dense_backward(keep, cos is not None, M, settings))
         if algorithm == "dense":
             self.blk = _token_blocks_int32(grid, blocks, device)
             dense = lambda cpe: _dense_launch(  # noqa: E731
@@ -259,7 +260,7 @@ def _plan(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algori
     key = (id(settings), q.shape, q.dtype, q.device, q.stride(), k.stride(), v.stride(), mix.shape, mix.dtype,
            mix.stride(), grid, blocks, normalize, eps, feature_map, scale, algorithm, splits,
            _table_strides(cos, sin), keep, None if exchange is None else (exchange.rows.start, exchange.rows.stop),
-           tiles.DENSE_BACKWARD, tiles.DENSE_BACKWARD_MAX_BLOCKS, None if cpe is None else (cpe[0].shape, cpe[1] is None))
+           None if cpe is None else (cpe[0].shape, cpe[1] is None))
     plan = _plans.get(key)
     if plan is None:
         plan = _cached(_plans, key, lambda: _Plan(settings, q, k, v, mix, grid, blocks, normalize, eps, feature_map,

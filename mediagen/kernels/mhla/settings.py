@@ -135,7 +135,9 @@ class DenseGradSettings:
     80 tokens, one full step and a 16-row tail, 1 stage: dq 0.57 off fp64), while every launch that ends in a
     whole masked step was right; so the backward keeps whole steps (benchmarks/dense_grad_cases.py;
     benchmarks/RESULTS.md, The dense backward at 29 tokens). fit_short off and tail on reproduce the first
-    launch found wrong."""
+    launch found wrong. enabled: a dense forward's backward runs these kernels (off: the chunked backward, making
+    the summaries again; for A/B measurements); max_blocks: more blocks than this take the chunked backward (each
+    tile holds its Mc rows and per-block sums in registers, (64, next_pow2(M)) fp32 each; measured up to 25)."""
 
     BT: int
     BS: int
@@ -143,6 +145,8 @@ class DenseGradSettings:
     stages: int
     fit_short: bool = True
     tail: bool = False
+    enabled: bool = True
+    max_blocks: int = 64
 
 
 @dataclass(frozen=True)

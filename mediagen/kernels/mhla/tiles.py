@@ -13,12 +13,6 @@ import torch
 
 from .settings import current_settings, kernel_settings
 
-# The dense forward's backward on the dense kernels (False: the chunked backward, making the summaries again;
-# kept for A/B measurements)
-DENSE_BACKWARD = True
-# The dense backward holds each tile's Mc rows and per-block sums in registers ((64, next_pow2(M)) fp32 each); it
-# was measured up to 25 blocks, and more than 64 take the chunked backward
-DENSE_BACKWARD_MAX_BLOCKS = 64
 
 
 def _next_pow2(n: int) -> int:
@@ -137,14 +131,14 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     times (S, S~, dS~, dS written and read; 9 launches), the dense pair does the forward's two token-pair
     products and the backward's seven (three launches) at ~140 TFLOP/s over key tiles of 64 (calibrated on the
     H200 rows of benchmarks/RESULTS.md, Forward + backward at training shapes: the dense backward).
-    With rope (or over ``DENSE_BACKWARD_MAX_BLOCKS`` blocks) the dense forward's backward is the chunked one, so only
-    the forwards are compared."""
+    With rope (or over ``DenseGradSettings.max_blocks`` blocks) the dense forward's backward is the chunked one, so
+    only the forwards are compared."""
     es = 4 if dtype == torch.float32 else 2
     ss = summary_dtype(dtype, for_backward).itemsize
     BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
     summaries = ss * B * H * M * splits * (D * D + D)
-    if for_backward and not rope and M <= DENSE_BACKWARD_MAX_BLOCKS:
+    if for_backward and not rope and M <= kernel_settings("dense_grad").max_blocks:
         padded = _cdiv(N, 64) * 64
         chunked = (2 * io + 11 * summaries) / 3e12 + 9 * launch_s
         dense = 2 * io / 3e12 + 18 * B * H * padded * padded * BD / 140e12 + 3 * launch_s
@@ -230,11 +224,13 @@ def dense_grad_tiles(settings, D: int, dtype, N: Optional[int] = None) -> dict:
     return dict(BD=BD, BD2=BD2, BT=BT, BS=BS, warps=warps, stages=stages)
 
 
-def _dense_backward(keep: bool, rope: bool, M: int) -> bool:
+def _dense_backward(keep: bool, rope: bool, M: int, settings=None) -> bool:
     """Whether a dense forward's backward is the dense one (else the chunked kernels, the summaries made again):
-    with a backward to come, without RoPE, up to ``DENSE_BACKWARD_MAX_BLOCKS`` blocks, ``DENSE_BACKWARD`` on. Its
-    forward then keeps what it reads (``_run_dense``, when normalised)."""
-    return keep and DENSE_BACKWARD and not rope and M <= DENSE_BACKWARD_MAX_BLOCKS
+    with a backward to come, without RoPE, the dense backward ``enabled`` and up to its ``max_blocks`` blocks in
+    ``settings`` (a table from ``current_settings``; default: the one in force). Its forward then keeps what it
+    reads (``_run_dense``, when normalised)."""
+    grad = (settings or current_settings())["dense_grad"]
+    return keep and grad.enabled and not rope and M <= grad.max_blocks
 
 
 def dense_head_pieces(D: int, den_col: bool) -> tuple[int, int]:
