@@ -55,11 +55,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
+    from diffusers.utils import logging as diffusers_logging
+
     from mediagen.app.generation import text_samples
     from mediagen.app.models import ModelCache, default_models
     from mediagen.eval.model_latency import write_atomic
     from mediagen.eval.moving_mnist import score_clips
 
+    diffusers_logging.disable_progress_bar()                           # 8 steps a clip, hundreds of clips
     models = default_models()
     cache = ModelCache(models, device=args.device)
     labels = args.encoders or list(models.text_encoders)
