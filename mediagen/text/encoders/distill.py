@@ -5,7 +5,7 @@ Loss per batch (real tokens only): MSE(student, teacher) + (1 - cos(student, tea
 The student is causal and the teacher bidirectional, so early tokens cannot match exactly; the
 sentence term keeps the pooled embedding (what MiniLM is trained for) close.
 
-With a ``reader`` (``cross_attention_reader``: what a diffusion transformer computes from the token
+With a ``reader`` (``CrossAttentionReader``: what a diffusion transformer computes from the token
 states, its text projection and every cross-attention's keys and values) the loss adds
 ``DistillConfig.reader_weight`` times the relative squared error of those reads: the student then
 spends its capacity on the directions the video models attend to, not on every direction of MiniLM's

@@ -101,7 +101,7 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
 
     def _echo(self, input_ids, attention_mask):
         """(ids, mask, positions) of ``[real] [real] [padding]`` per row (B, 2L), and the index (B, L) of
-        each token's second copy in it."""
+        each token's second copy in it; mask None when every row is whole (the layers then skip masking)."""
         B, L = input_ids.shape
         lengths = attention_mask.sum(1, keepdim=True) if attention_mask is not None else torch.full(
             (B, 1), L, device=input_ids.device)
@@ -110,7 +110,7 @@ class MediagenTextEncoder(ModelMixin, ConfigMixin):
         real = j < 2 * lengths
         ids = torch.where(real, input_ids.gather(1, positions.clamp(0, L - 1)), self.config.pad_token_id)
         second = (lengths + torch.arange(L, device=input_ids.device)).clamp_max(2 * L - 1)
-        return ids, real.to(torch.long), positions.clamp_min(0), second
+        return ids, None if attention_mask is None else real.to(torch.long), positions, second
 
     def forward(self, input_ids, attention_mask=None, return_aux: bool | None = None, return_dict: bool = True):
         """input_ids (B, L), attention_mask (B, L) (1 = real, right padding). Returns ``TextEncoderOutput``."""
