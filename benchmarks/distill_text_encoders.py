@@ -253,6 +253,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1:
         p.error(f"--steps={args.steps} and --batch-size={args.batch_size} must be >= 1")
+    if args.reader_weight < 0 or not 0 <= args.empty_share < 1:
+        p.error(f"--reader-weight={args.reader_weight} must be >= 0 and --empty-share={args.empty_share} in [0, 1)")
     if args.time_limit is not None and args.time_limit <= 0:
         args.time_limit = None
     device = torch.device(args.device)

@@ -33,16 +33,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from benchmarks.common import markdown_table
 
-DIRECTIONS = ("left", "right", "up", "down")
-
-
 def prompts_for(wording: str) -> list[str]:
-    from mediagen.data.captions import template_caption
+    """The scored grid's prompts (``video_samples.grid_prompts``), or each cell in a held-out wording."""
+    from benchmarks.video_samples import grid_prompts
+    from mediagen.eval.moving_mnist import parse_prompt
     from mediagen.training.data.wordings import held_out_caption
 
+    grid = grid_prompts()
     if wording == "template":
-        return [template_caption([d], [m]) for d in range(10) for m in DIRECTIONS]
-    return [held_out_caption([d], [m], i) for i, (d, m) in enumerate((d, m) for d in range(10) for m in DIRECTIONS)]
+        return grid
+    cells = [parse_prompt(g) for g in grid]
+    return [held_out_caption(c.digits, [c.direction], i) for i, c in enumerate(cells)]
 
 
 def main(argv=None) -> int:
