@@ -3,11 +3,12 @@ saved pipelines generate through mediagen.pipelines (softmax, MHLA video, LoRA, 
 
 import json
 import numpy as np
+import pytest
 import torch
 
 from mediagen.models.convert import attention_spec_of
 from mediagen.pipelines import build_pipeline
-from mediagen.training import train
+from mediagen.training import load_config, train
 from mediagen.training.checkpoint import list_checkpoints
 from training_helpers import TINY_DIT, TINY_WAN, tiny_config
 
@@ -109,3 +110,33 @@ def test_list_valued_overrides_reach_the_saved_pipeline(tmp_path):
     assert config["patch_size"] == [1, 2, 2]
     assert config["mediagen_attention"]["cpe_kernel"] == [3, 1, 1]
     assert build_pipeline(str(out / "pipeline")).transformer.config.patch_size == [1, 2, 2]
+
+
+
+def test_cpu_runs_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, capsys):
+    """bf16 autocast speeds a CPU with bf16 units (AVX512-BF16, AMX) and slows one that emulates it; fp16 has no
+    CPU autocast kernels for most ops. What falls back to fp32 says so in one line."""
+    from mediagen.training import trainer
+
+    for native in (True, False):
+        monkeypatch.setattr(trainer, "native_cpu_bf16", lambda: native)
+        assert trainer.cpu_precision("no") == "no"
+        assert trainer.cpu_precision("bf16") == ("bf16" if native else "no")
+        assert trainer.cpu_precision("fp16") == "no"
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said == ["train.mixed_precision='fp16': fp16 autocast needs a GPU, so training runs in fp32",
+                    "train.mixed_precision='bf16': this CPU has no native bf16, so training runs in fp32",
+                    "train.mixed_precision='fp16': fp16 autocast needs a GPU, so training runs in fp32"]
+
+
+def test_cpu_runs_of_either_precision_share_one_session(monkeypatch, tmp_path):
+    """A bf16 run on a CPU with bf16 units trains in bf16 (its losses differ from fp32's in rounding only), and
+    an fp32 run after it in the same Python session still works (accelerate's state allows one precision)."""
+    from mediagen.training import trainer
+
+    monkeypatch.setattr(trainer, "native_cpu_bf16", lambda: True)
+    runs = {p: train(tiny_config(tmp_path / p, TINY_DIT, "train.max_steps=2", f"train.mixed_precision={p}",
+                                 "checkpoint.every=100"))["losses"] for p in ("bf16", "no")}
+    bf16, fp32 = (np.array([runs[p][k] for k in sorted(runs[p])]) for p in ("bf16", "no"))
+    assert bf16.shape == fp32.shape == (2,) and np.isfinite(bf16).all()
+    assert not np.array_equal(bf16, fp32) and np.allclose(bf16, fp32, rtol=0.05)
