@@ -3,12 +3,11 @@ saved pipelines generate through mediagen.pipelines (softmax, MHLA video, LoRA, 
 
 import json
 import numpy as np
-import pytest
 import torch
 
 from mediagen.models.convert import attention_spec_of
 from mediagen.pipelines import build_pipeline
-from mediagen.training import load_config, train
+from mediagen.training import train
 from mediagen.training.checkpoint import list_checkpoints
 from training_helpers import TINY_DIT, TINY_WAN, tiny_config
 
@@ -110,7 +109,6 @@ def test_list_valued_overrides_reach_the_saved_pipeline(tmp_path):
     assert config["patch_size"] == [1, 2, 2]
     assert config["mediagen_attention"]["cpe_kernel"] == [3, 1, 1]
     assert build_pipeline(str(out / "pipeline")).transformer.config.patch_size == [1, 2, 2]
-
 
 
 def test_cpu_runs_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, capsys):
