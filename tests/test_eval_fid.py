@@ -109,7 +109,7 @@ def test_too_few_samples_error_says_which_flag_to_change(tmp_path, capsys, digit
     rc = main(["fid", "--samples", str(npz), "--splits", "3", "--quiet"])
     assert rc == 2 and "--splits=3 leaves 100 samples per split: use fewer --splits or 387" in capsys.readouterr().err
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    tip = re.search(r"sample FID with `--num-samples (\d+)[^`]*--features (\S+?)`", readme)
+    tip = re.search(r"sample FID with\s+`--num-samples (\d+)[^`]*--features (\S+?)`", readme)
     assert tip is not None, "the README's CPU tip should name the features its sample count suits"
     assert int(tip.group(1)) > FEATURE_DIMS[tip.group(2)]
     assert "--num-samples 1281" in readme
