@@ -596,6 +596,51 @@ def test_split_choice_traces_without_graph_breaks(monkeypatch):
     assert max(want) > 1  # a case with splits, so the settings' token step decided something
 
 
+class _UntraceableSettings:
+    """The settings' ContextVar as Dynamo in torch 2.11 sees it: a read in traced code breaks the graph (torch 2.14
+    traces ContextVar.get, so without this stand-in a CPU run cannot see such a read). Reads from real Python,
+    including ``assume_constant_result`` functions that Dynamo calls while tracing, go through."""
+
+    def __init__(self, var):
+        self.var = var
+
+    def get(self):
+        return self._get()
+
+    @torch.compiler.disable
+    def _get(self):
+        return self.var.get()
+
+    def set(self, value):
+        return self.var.set(value)
+
+    def reset(self, token):
+        return self.var.reset(token)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_traced_op_reads_no_launch_settings(device, monkeypatch, grad):
+    """The op in traced code (torch.compile, fullgraph) chooses its algorithm and splits without reading the launch
+    settings where Dynamo cannot: such a read failed every compiled MHLA model on the GPU's torch 2.11."""
+    monkeypatch.setattr(launch_defaults, "_current", _UntraceableSettings(launch_defaults._current))
+    grid, blocks = (4, 6), (2, 3)
+    q, k, v = make(2, grid, 2, 16, torch.float32, device, "elu1")
+    mix = torch.rand(6, 6, device=device, requires_grad=grad)
+
+    def layer(q, k, v, mix):
+        return mhla(q * 2, k, v, mix, grid, blocks, feature_map="elu1", backend="triton").sum()
+
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        loss = torch.compile(layer, fullgraph=True, backend="eager")(q, k, v, mix)
+    want = mhla_reference(q.double() * 2, k.double(), v.double(), mix.detach().double(), grid, blocks,
+                          feature_map="elu1").sum()
+    assert abs(loss.item() - want.item()) < 1e-4 * abs(want.item())
+    if grad:
+        loss.backward()
+        assert mix.grad is not None and torch.isfinite(mix.grad).all()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="real sizes need a GPU")
 @pytest.mark.parametrize("B,grid,H,D,blocks", [
     (8, (16, 16), 16, 72, (4, 4)),
@@ -1252,25 +1297,29 @@ def test_the_forward_refuses_a_cpe_it_cannot_add(device):
 
 
 def test_short_sequences_take_the_short_tiles(device, monkeypatch):
-    """A sequence of at most ``short_tokens`` tokens launches the dense forward with the ``short`` variant's tiles,
-    a longer one with the kernel's own; both match the reference."""
+    """A half-precision sequence of at most ``short_tokens`` tokens launches the dense forward with the ``short``
+    variant's tiles, a longer one with the kernel's own; both match the reference. fp32 inputs keep the kernel's
+    own tiles at any length: the short variant's three stages of fp32 tiles overflow shared memory on a GPU."""
     monkeypatch.setattr(op_autograd, "_plans", {})
     recorder = LaunchRecorder(op_launches.dense_forward_kernel)
     monkeypatch.setattr(op_launches, "dense_forward_kernel", recorder)
     grid, blocks = (5, 9), (2, 3)
-    q, k, v = make(1, grid, 2, 16, torch.float32, device, "relu")
+    q, k, v = make(1, grid, 2, 16, torch.float16, device, "relu")
     mix = torch.rand(6, 6, device=device)
     r = mhla_reference(q.double(), k.double(), v.double(), mix.double(), grid, blocks, feature_map="relu")
     for limit in (45, 44):
         with torch.no_grad(), launch_settings("dense", BT=64, warps=4, fill=False, short={"BT": 16, "warps": 2},
                                               short_tokens=limit):
             o = mhla_triton(q, k, v, mix, grid, blocks, feature_map="relu", algorithm="dense")
-        assert rel_err(o, r) < 1e-4
+        assert rel_err(o, r) < 2e-3
     short, long = recorder.launches
     assert (short["BT"], short["num_warps"], short["grid"]) == (16, 2, (2, 3))
     assert (long["BT"], long["num_warps"], long["grid"]) == (64, 4, (2, 1))
     assert op_tiles.dense_settings(64, torch.bfloat16, False, True, N=196)["BT"] == \
         kernel_settings("dense").for_tokens(196).BT
+    # DiT-XL/2 256 px's shape in fp32 (test_real_sizes_on_gpu): the kernel's own tiles, which fit
+    assert op_tiles.dense_settings(72, torch.float32, False, True, N=256) == \
+        op_tiles.dense_settings(72, torch.float32, False, True)
 
 
 @pytest.mark.parametrize("grid,D,dtype,rope,bs,tail", [

@@ -94,6 +94,13 @@ def _apply_program_shape(D: int) -> tuple[int, int]:
     return BD // TILE, BT
 
 
+@torch.compiler.assume_constant_result
+def _dense_grad_max_blocks() -> int:
+    """``DenseGradSettings.max_blocks`` in force, for ``choose_algorithm``, which traced code calls: kept as a
+    constant there, as ``_apply_program_shape`` (Dynamo in torch 2.11 cannot read the settings' ContextVar)."""
+    return kernel_settings("dense_grad").max_blocks
+
+
 # MEDIAGEN_MHLA_SPLITS=J forces J token splits per block where a call leaves ``splits`` to the op; read once, at
 # import (the op's plans are keyed without it: an environment lookup cost 0.6 us a call on the host)
 FORCED_SPLITS = max(1, int(os.environ["MEDIAGEN_MHLA_SPLITS"])) if os.environ.get("MEDIAGEN_MHLA_SPLITS") else None
@@ -138,7 +145,7 @@ def choose_algorithm(B, N, H, D, M, splits, dtype, rope=False, for_backward=True
     BD = sum(dense_head_pieces(D, not rope))
     io = (4 + (2 if rope else 0)) * B * N * H * D * es
     summaries = ss * B * H * M * splits * (D * D + D)
-    if for_backward and not rope and M <= kernel_settings("dense_grad").max_blocks:
+    if for_backward and not rope and M <= _dense_grad_max_blocks():
         padded = _cdiv(N, 64) * 64
         chunked = (2 * io + 11 * summaries) / 3e12 + 9 * launch_s
         dense = 2 * io / 3e12 + 18 * B * H * padded * padded * BD / 140e12 + 3 * launch_s
@@ -247,8 +254,9 @@ def dense_head_pieces(D: int, den_col: bool) -> tuple[int, int]:
 
 def _dense_tiles(settings, D: int, dtype, rope: bool, normalize: bool, N: Optional[int] = None) -> dict:
     """``dense_settings`` for the settings table ``settings``."""
-    # (the short tiles were measured without RoPE, whose rotated copies double a tile's registers)
-    c = settings["dense"].for_tokens(None if rope else N)
+    # the short tiles were measured in half precision without RoPE: rotated copies double a tile's registers, and
+    # three stages of fp32 tiles ask for more shared memory than an H100 or H200 has (238,080 bytes at D = 72)
+    c = settings["dense"].for_tokens(None if rope or dtype == torch.float32 else N)
     den_col = normalize and not rope
     fp32 = dtype == torch.float32
     # two head-dim tiles for half-precision inputs only: fp32 tiles in two pieces spill registers
