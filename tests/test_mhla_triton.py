@@ -303,8 +303,14 @@ def sweep_gradient_errors(case, dtype, device):
     return errors
 
 
+# the sweep in parts, so that `pytest -n` (xdist) spreads its Triton compiles (on a GPU: most of its time, one per
+# new shape) over processes; every part runs on every machine
+SWEEP_PARTS = 4
+
+
+@pytest.mark.parametrize("part", range(SWEEP_PARTS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_gradients_match_fp64_in_a_random_sweep(device, dtype, one_thread):
+def test_gradients_match_fp64_in_a_random_sweep(device, dtype, part, one_thread):
     """o and the gradients of q, k, v and Mc within GRAD_TOL of the fp64 dense oracle (sweep_gradient_errors
     defines the errors) over random grids, blocks, head dims and options, many of them with positive q, k, v
     (no feature map), where dq and dMc subtract nearly equal terms and magnify rounding.
@@ -320,7 +326,7 @@ def test_gradients_match_fp64_in_a_random_sweep(device, dtype, one_thread):
         count = {torch.float32: 3, torch.float16: 5, torch.bfloat16: 4}[dtype]  # (~50 s in all on two cores)
         cases = sweep_cases(count, 20260, 120, (16, 24, 32)) + REPORTED[-1:] + REPORTED_SHORT[-1:]
     failures = []
-    for case in cases:
+    for case in cases[part::SWEEP_PARTS]:
         for name, (error, bound) in sweep_gradient_errors(case, dtype, device).items():
             if not error < bound:
                 failures.append(f"{name} {error:.2e} > {bound:.0e}: {case}")
