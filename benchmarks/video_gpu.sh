@@ -11,7 +11,7 @@
 #                                                    # print its caption-direction gap (benchmarks/time_reversal.py;
 #                                                    # above 0 once a model reads the caption's direction)
 # Long clips (32 frames of 128x128 beside 16 of 64x64; configs/train/wan-mmnist-long-{mhla,sdpa}.yaml), in calls of
-# at most 10 minutes; the runbook with the order of the calls is docs/RESULTS.md, long clips:
+# at most 10 minutes; the runbook with the order of the calls is docs/GPU_RUNBOOK.md:
 #   bash benchmarks/video_gpu.sh stage NAME OUT      # a call carrying .long/NAME.tar.part-* (weights brought back
 #                                                    # from an earlier lease): rebuild the folder /tmp/long/NAME
 #   ATTNS="long-mhla long-sdpa" COMPILE=true bash benchmarks/video_gpu.sh start MINUTES OUT   # as above; with
