@@ -128,16 +128,15 @@ class GridSelfAttnProcessor(nn.Module):
         axes = [i for i, a in enumerate(k) if a > 1]
         if len(axes) <= 1:
             # A kernel along one axis (e.g. time, [3, 1, 1]) is a sum of k shifted copies of the
-            # tokens in their own (B, *grid, C) layout, no transpose. cuDNN's depthwise 3D conv took
-            # 7.5 ms per layer (forward + backward) at the Wan-MMNIST training shape on the H200 even
-            # on a channels-first copy.
+            # tokens in their own (B, *grid, C) layout, no transpose: cuDNN's depthwise 3D conv is
+            # slower even on a channels-first copy (benchmarks/RESULTS.md, Alternatives).
             x = v.reshape(B, *grid, C)
             w = self.cpe.weight.reshape(C, -1)  # (C, taps)
             axis = axes[0] if axes else 0
             r, length = k[axis] // 2, grid[axis]
             if torch.compiler.is_compiling():
                 # Traced: a zero-padded copy and the taps' products summed, which inductor fuses into
-                # one pass (the in-place form below made a compiled training step 1.4% slower, H200).
+                # one pass (the in-place form below makes a compiled training step slower).
                 pad = [0, 0] * (len(grid) + 1)
                 pad[2 * (len(grid) - axis)] = pad[2 * (len(grid) - axis) + 1] = r  # F.pad lists dims last first
                 xp = F.pad(x, pad)
@@ -146,7 +145,7 @@ class GridSelfAttnProcessor(nn.Module):
             # Eager: the centre tap plus the bias in one addcmul, then each other tap added in place
             # over the rows it reaches (zero padding without a padded copy): one kernel per tap, where
             # the padded form takes seven for three taps, and launches are what a small model's
-            # eager step costs (video-mhla: 475 kernels per forward against 523, H200).
+            # eager step costs (benchmarks/RESULTS.md, Alternatives).
             out = torch.addcmul(self.cpe.bias, x, w[:, r])
             for j in range(k[axis]):
                 s = j - r  # out[t] += w[:, j] * x[t + s] wherever 0 <= t + s < length
@@ -157,12 +156,11 @@ class GridSelfAttnProcessor(nn.Module):
             return out.reshape(B, N, C)
         x = v.reshape(B, *grid, C).movedim(-1, 1)  # (B, C, *grid) viewed with channels-last strides
         if v.device.type == "cpu":
-            # The CPU's (oneDNN) depthwise conv takes the channels-last view as it is, no copy either way:
-            # 0.38 against 1.38 ms per call at image-mhla's sampling shape (3x3, 14x14, 192 channels, B = 8)
-            # and 2.9 against 35.7 ms for a 3x3x3 kernel on a 16x8x8 grid (384 channels, B = 16), 2-core CPU.
+            # The CPU's (oneDNN) depthwise conv takes the channels-last view as it is: no copy either way, and
+            # faster than on a contiguous copy (benchmarks/RESULTS.md, Alternatives).
             return self.cpe(x).movedim(1, -1).reshape(B, N, C)
-        # Elsewhere channels-first and contiguous: cuDNN's depthwise conv is 7x slower (H200, bf16, Wan-MMNIST
-        # training shape: 100 ms against 14 ms per layer, forward + backward) on the channels-last view.
+        # Elsewhere channels-first and contiguous: cuDNN's depthwise conv is several times slower on the
+        # channels-last view (benchmarks/RESULTS.md, Alternatives).
         return self.cpe(x.contiguous()).flatten(2).transpose(1, 2)
 
     def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,

@@ -199,8 +199,8 @@ class _Plan:
 
 
 def _fp32_mix(mix):
-    """Mc as fp32 and contiguous, kept on ``mix`` until it changes (``layout.kept_on``): a bf16 model's Mc was copied
-    on every call, 12 us of host time a call (H200 machine, one layer of a class-to-image DiT)."""
+    """Mc as fp32 and contiguous, kept on ``mix`` until it changes (``layout.kept_on``): a copy on every call of a
+    bf16 model is host time every eager step pays (benchmarks/RESULTS.md, Alternatives)."""
     return kept_on(mix, "_mediagen_fp32", lambda: mix.detach().float().contiguous())
 
 
@@ -377,8 +377,8 @@ mhla_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 # ---- torch.compile, sampling on a GPU: the dense forward as a Triton op ----------------------------
 # Under Inductor a custom op runs as a Python call at every step (``mhla_fwd``: the dispatcher's wrapper, then
-# ``forward_impl``): about 95 µs of host time a call on the H200 against 26-28 for cuDNN's attention, at the
-# class-to-image DiT's sampling shape. A ``triton_op`` is traced into the graph instead, so Inductor's own
+# ``forward_impl``), several times cuDNN attention's host time (benchmarks/RESULTS.md, Alternatives). A
+# ``triton_op`` is traced into the graph instead, so Inductor's own
 # generated code launches the dense kernel. Only the forward without a backward takes it (this op registers no
 # autograd); training keeps ``mhla_fwd`` and its registered autograd, whose backward after a dense forward is
 # the dense backward (triton_dense_grad.py).
