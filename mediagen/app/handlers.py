@@ -14,6 +14,7 @@ import functools
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
@@ -77,13 +78,38 @@ class MediagenApp:
     def __init__(self, models: ModelSet | None = None, limits: Limits | None = None, device=None,
                  output_dir=None, results_path=None, bench_shapes=None, model_results_path=None):
         self.cache = ModelCache(models or default_models(), device)
-        self.limits = limits or Limits.for_device(self.cache.device)
+        self.limits = limits or Limits.for_device(self.cache.device, served=self.cache.models.video.size)
         self.budget = TimeBudget(self.limits.max_request_s)
         self.output_root = files.output_root(output_dir)
         self.results_path = Path(results_path) if results_path else bench_results.default_results_path()
         self.bench_shapes = bench_shapes
         self.model_results_path = (Path(model_results_path) if model_results_path
                                    else bench_results.default_model_results_path())
+        self._seed_budget()
+
+    def _seed_budget(self) -> None:
+        """The recorded sampling times of the served video checkpoints (the Benchmarks tab's model latency: the
+        same checkpoint, eager, on a device of this kind and dtype) as the time model's estimates at sizes this
+        server has not run: a first long clip is estimated before it runs. Nothing when none is recorded."""
+        try:
+            rows = bench_results.read_model_latency(self.model_results_path)
+        except (FileNotFoundError, ValueError):
+            return
+        device = self.cache.device
+        dtype = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(self.cache.dtype))
+        here = "cpu" if device.type == "cpu" else (torch.cuda.get_device_name(device) if device.type == "cuda" else "")
+        served = {model_name(self.cache.models, "video", a): a for a in self.offered("video")}
+        for row in rows:
+            where = str(row.get("device", ""))
+            if (row.get("runtime") != "eager" or row.get("pipeline") not in served or row.get("dtype") != dtype
+                    or not here or bench_results.short_device(where) != here):
+                continue
+            steps, guidance, batch = int(row.get("steps", 0)), float(row.get("guidance", 1.0)), int(row.get("batch", 1))
+            seconds = float(row.get("s_per_clip", 0.0)) * batch
+            self.budget.prior(("video", served[row["pipeline"]]), steps,
+                              TimeBudget.tokens(int(row["tokens_per_clip"]), batch, guidance), seconds,
+                              f"the sampling times recorded for {row['pipeline']} on a {here} "
+                              f"({self.model_results_path.name})")
 
     # --- shared checks -----------------------------------------------------------------------
     def _common(self, seed, steps, guidance) -> tuple[int, int, float]:
@@ -317,13 +343,13 @@ class MediagenApp:
             tokens = _prod(video_grid(self.cache, req.frames, req.height, req.width))
         # configurations not measured yet add nothing, so the sum is a floor: refused only when even that is past
         known = [e for e in (self.estimate(family, a, tokens, 1, steps, guidance) for a, _ in planned) if e is not None]
-        if self.limits.max_request_s is not None and sum(known) > self.limits.max_request_s:
-            raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {sum(known):.0f} s "
-                           f"here (estimated from this server's earlier requests), past this server's "
-                           f"{self.limits.max_request_s:.0f} s per request: use fewer steps or configurations, or a "
-                           f"smaller size")
-        rows = compare.compare(self.cache, req, progress)
         per_pass = TimeBudget.tokens(tokens, 1, guidance)
+        if self.limits.max_request_s is not None and sum(known) > self.limits.max_request_s:
+            basis = "; ".join(dict.fromkeys(self.budget.basis((family, a), per_pass) for a, _ in planned))
+            raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {sum(known):.0f} s "
+                           f"here (estimated from {basis}), past this server's {self.limits.max_request_s:.0f} s per "
+                           f"request: use fewer steps or configurations, or a smaller size")
+        rows = compare.compare(self.cache, req, progress)
         for (attention, _), row in zip(planned, rows):
             self.budget.record((family, attention), steps, per_pass, row.get("total_ms", 0.0) / 1e3,
                                row.pop("step_seconds", ()))

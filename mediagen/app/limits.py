@@ -54,13 +54,20 @@ class Limits:
     still_steps: int = 16
 
     @classmethod
-    def for_device(cls, device, **overrides) -> "Limits":
+    def for_device(cls, device, served: dict | None = None, **overrides) -> "Limits":
         """Bounds for ``device``. On a CPU one denoising step of a 16x64x64 clip takes seconds and a
         128 px, 33-frame request took minutes at 2 steps, so a CPU gets 64 px, 17 frames, 20 steps,
-        batch 2 and a 90 s bound per request; a GPU keeps the full bounds and a 120 s bound."""
+        batch 2 and a 90 s bound per request, widened to ``served`` (the served video model's own size,
+        {"frames", "height", "width"}: a model trained on long clips is offered at its size, the time bound
+        deciding what runs); a GPU keeps the full bounds and a 120 s bound."""
         kind = getattr(device, "type", str(device))
         base = (dict(max_side=64, max_frames=17, max_steps=20, max_batch=2, max_request_s=90.0)
                 if kind == "cpu" else dict(max_request_s=120.0))
+        if kind == "cpu" and served:
+            full = cls()
+            side = max(served.get("height", 0), served.get("width", 0))
+            base["max_side"] = min(full.max_side, max(base["max_side"], side))
+            base["max_frames"] = min(full.max_frames, max(base["max_frames"], served.get("frames", 0)))
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -156,14 +163,20 @@ class TimeBudget:
     - with one size measured, how the cost grows with size is not known, and the estimate is a floor:
       a larger request costs at least that size's step time per step, a smaller one at least its share
       of it by tokens (true of every non-negative per_pass and per_token).
-    Before any measurement there is no estimate and the request runs (its size is still bounded by
-    ``Limits``)."""
+    A recorded time of the same model on a device of the same kind (``prior``: the shipped sampling-time data)
+    is the estimate of a request of exactly its size until this server has run that size itself, so that a
+    first long clip is estimated before it runs (a softmax clip of 8,192 tokens takes minutes on a CPU).
+    Recorded sizes are not fitted into the line: the cost is not linear across them (softmax is quadratic in
+    the tokens), and a line through the origin misplaced a recorded size's own time by 4x. With neither there
+    is no estimate and the request runs (its size is still bounded by ``Limits``)."""
 
     HISTORY = 32
 
     def __init__(self, max_seconds: float | None):
         self.max_seconds = max_seconds
         self._runs: dict = {}
+        self._priors: dict = {}      # key -> {tokens per pass: seconds per step}, recorded elsewhere
+        self._prior_source: dict = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -190,9 +203,18 @@ class TimeBudget:
             runs = self._runs.setdefault(key, collections.deque(maxlen=self.HISTORY))
             runs.append((int(tokens), step, fixed, steady))
 
+    def prior(self, key, steps: int, tokens: int, seconds: float, source: str) -> None:
+        """Add a recorded request of ``key``'s model on a device like this one (``source`` says where it was
+        recorded, for the refusal's wording): ``seconds`` in all, spread over its ``steps``."""
+        if steps < 1 or tokens < 1 or not seconds > 0:
+            return
+        with self._lock:
+            self._priors.setdefault(key, {})[int(tokens)] = seconds / steps
+            self._prior_source[key] = source
+
     def model(self, key) -> dict | None:
-        """The fitted terms of ``key`` (seconds): fixed, per_pass, per_token, and ``sizes``, the
-        token counts measured; None before any measurement."""
+        """The fitted terms of ``key`` (seconds): fixed, per_pass, per_token, ``sizes``, the token counts
+        measured, and ``recorded``, those of them taken from ``prior``; None before any measurement."""
         with self._lock:
             runs = list(self._runs.get(key, ()))
         if not runs:
@@ -211,8 +233,26 @@ class TimeBudget:
         per_pass = max(0.0, statistics.median([step_at[n] - per_token * n for n in sizes]))
         return {"fixed": fixed, "per_pass": per_pass, "per_token": per_token, "sizes": sizes, "step_at": step_at}
 
+    def _recorded_step(self, key, tokens: int) -> float | None:
+        """The recorded seconds per step of a request of exactly ``tokens`` per pass, while this server has not
+        run that size itself; None otherwise."""
+        with self._lock:
+            step = self._priors.get(key, {}).get(int(tokens))
+            ran = any(r[0] == int(tokens) for r in self._runs.get(key, ()))
+        return None if ran else step
+
+    def basis(self, key, tokens: int) -> str:
+        """What the estimate of ``key`` at ``tokens`` per pass rests on, for a message."""
+        if self._recorded_step(key, tokens) is None:
+            return "this server's earlier requests"
+        with self._lock:
+            return self._prior_source.get(key, "recorded times")
+
     def step_estimate(self, key, tokens: int) -> tuple[float, float] | None:
         """(fixed seconds, seconds per step) of a request of ``tokens`` per pass; None before a measurement."""
+        recorded = self._recorded_step(key, tokens)
+        if recorded is not None:                     # the recorded time spreads its fixed part over the steps
+            return 0.0, recorded
         m = self.model(key)
         if m is None:
             return None
@@ -238,7 +278,7 @@ class TimeBudget:
         if self.max_seconds is not None and est > self.max_seconds:
             fit = int((self.max_seconds - fixed) // per_step) if per_step > 0 else steps
             fewer = f"steps ≤ {fit}, or " if 1 <= fit < steps else ""
-            raise _error(f"steps={steps}: this request would take about {est:.0f} s here (estimated from this "
-                         f"server's earlier requests), past this server's {self.max_seconds:.0f} s per request: use "
+            raise _error(f"steps={steps}: this request would take about {est:.0f} s here (estimated from "
+                         f"{self.basis(key, tokens)}), past this server's {self.max_seconds:.0f} s per request: use "
                          f"{fewer}fewer frames, a smaller size or batch{instead() if instead else ''}")
         return est

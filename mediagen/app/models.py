@@ -250,9 +250,10 @@ def default_models(root: str | Path | None = None) -> ModelSet:
         return ModelSource(catalog.family(family).preset, trained, untrained=() if trained else ("sdpa",),
                            defaults=catalog.defaults(family, root), **extra)
 
-    video = PRESETS[catalog.family("video").preset]
+    # the video size the page starts at: the default checkpoint's own (its card), else the preset's
+    video = catalog.default_size("video", root) or PRESETS[catalog.family("video").preset]
     return ModelSet(image=source("image"),
-                    video=source("video", size={k: video[k] for k in ("frames", "height", "width")}),
+                    video=source("video", size={k: video[k] for k in catalog.SIZE_KEYS}),
                     text_encoders=catalog.text_encoders(root))
 
 

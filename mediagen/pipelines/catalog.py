@@ -26,6 +26,8 @@ card.json, every key optional:
       "default_for": ["text-to-video"],  tasks this checkpoint serves when none is asked for
       "trained_on": {"digits": 1,        a video model's training prompts: digits per clip and the wording
                      "wording": "the digit 3 moves left"},
+      "default_size": {"frames": 32, "height": 128, "width": 128},   the size a video checkpoint draws at when
+                                         none is asked (``default_size``); without it, its preset's size
       "caption_template": "the digit {d} moves {m}",   the one caption template a video model was trained on:
                                          prompts are rewritten to it by default (``prompts.rewrite_prompt``);
                                          its pipeline's model_index.json carries the same (with
@@ -174,6 +176,29 @@ def default_checkpoint(task: str, root=None) -> str | None:
     """The name of the default checkpoint for ``task`` ("video-mhla"), None when no card names the task."""
     label = default_label(task, root)
     return None if label is None else f"{family_for_task(task).name}-{label}"
+
+
+SIZE_KEYS = ("frames", "height", "width")
+
+
+def card_size(card: dict) -> dict | None:
+    """A card's "default_size" as {"frames", "height", "width"} of positive ints; None when the card has none.
+    A malformed one is an error naming the value and what is allowed (a card is the project's own file)."""
+    value = card.get("default_size")
+    if value is None:
+        return None
+    if (not isinstance(value, dict) or set(value) != set(SIZE_KEYS)
+            or not all(type(value[k]) is int and value[k] > 0 for k in SIZE_KEYS)):
+        raise ValueError(f"card.json default_size={value!r} is not allowed: use {{\"frames\": F, \"height\": H, "
+                         f"\"width\": W}} with positive integers")
+    return {k: value[k] for k in SIZE_KEYS}
+
+
+def default_size(family_name: str, root=None) -> dict | None:
+    """The size the family's default checkpoint (for its first task) draws at when none is asked: its card's
+    "default_size"; None without a default checkpoint or without the key (the preset's size applies)."""
+    label = default_label(family(family_name).tasks[0], root)
+    return None if label is None else card_size(read_card(checkpoints(family_name, root)[label]))
 
 
 def defaults(family_name: str, root=None) -> dict[str, str]:

@@ -147,7 +147,7 @@ def run(args) -> int:
     from ..models.convert import convert
     from ..models.presets import PRESETS
     from .building import build_pipeline, task_of, token_grid
-    from .catalog import family_of
+    from .catalog import card_size, checkpoints, family_of, read_card
     from .export import save_media
 
     device = torch.device(args.device)
@@ -175,7 +175,10 @@ def run(args) -> int:
     out = Path(args.out) if args.out else Path("outputs") / f"{task}-{args.seed}{suffix}"
     _check_out(out, task)
     preset = PRESETS.get(args.model)
-    height, width, frames = _sizes(args, pipe, preset)
+    # a shipped checkpoint draws at its card's size when none is asked (a long-clip model at its long clips)
+    shipped = family_of(args.model)
+    size = card_size(read_card(checkpoints(shipped)[args.model.partition("-")[2]])) if shipped else None
+    height, width, frames = _sizes(args, pipe, size or preset)
     if task == "text-to-image":
         # a still from a clip model is the middle frame of a clip of its trained length (--frames 1: a
         # one-frame grid); a model trained on images draws one frame
