@@ -125,6 +125,8 @@ def test_cpu_runs_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, capsys):
     assert said == ["train.mixed_precision='fp16': fp16 autocast needs a GPU, so training runs in fp32",
                     "train.mixed_precision='bf16': this CPU has no native bf16, so training runs in fp32",
                     "train.mixed_precision='fp16': fp16 autocast needs a GPU, so training runs in fp32"]
+    monkeypatch.setenv("RANK", "1")                                  # another process of a launch: silent
+    assert trainer.cpu_precision("fp16") == "no" and capsys.readouterr().out == ""
 
 
 def test_cpu_runs_of_either_precision_share_one_session(monkeypatch, tmp_path):

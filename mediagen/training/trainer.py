@@ -137,7 +137,8 @@ def cpu_precision(precision: str) -> str:
     if precision == "no" or (precision == "bf16" and native_cpu_bf16()):
         return precision
     why = "this CPU has no native bf16" if precision == "bf16" else "fp16 autocast needs a GPU"
-    print(f"train.mixed_precision={precision!r}: {why}, so training runs in fp32")
+    if int(os.environ.get("RANK", "0")) == 0:   # said once per run, not once per process of a launch
+        print(f"train.mixed_precision={precision!r}: {why}, so training runs in fp32")
     return "no"
 
 
