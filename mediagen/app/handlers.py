@@ -16,6 +16,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
+from ..pipelines.generate_cli import DTYPES
 from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
@@ -96,7 +97,7 @@ class MediagenApp:
         except (FileNotFoundError, ValueError):
             return
         device = self.cache.device
-        dtype = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(self.cache.dtype))
+        dtype = next((name for name, d in DTYPES.items() if d == self.cache.dtype), None)
         here = "cpu" if device.type == "cpu" else (torch.cuda.get_device_name(device) if device.type == "cuda" else "")
         served = {model_name(self.cache.models, "video", a): a for a in self.offered("video")}
         for row in rows:

@@ -167,8 +167,8 @@ class TimeBudget:
     is the estimate of a request of exactly its size until this server has run that size itself, so that a
     first long clip is estimated before it runs (a softmax clip of 8,192 tokens takes minutes on a CPU).
     Recorded sizes are not fitted into the line: the cost is not linear across them (softmax is quadratic in
-    the tokens), and a line through the origin misplaced a recorded size's own time by 4x. With neither there
-    is no estimate and the request runs (its size is still bounded by ``Limits``)."""
+    the tokens), so a line through them misplaces each one's own time. With neither there is no estimate and
+    the request runs (its size is still bounded by ``Limits``)."""
 
     HISTORY = 32
 
@@ -213,8 +213,8 @@ class TimeBudget:
             self._prior_source[key] = source
 
     def model(self, key) -> dict | None:
-        """The fitted terms of ``key`` (seconds): fixed, per_pass, per_token, ``sizes``, the token counts
-        measured, and ``recorded``, those of them taken from ``prior``; None before any measurement."""
+        """The fitted terms of ``key`` (seconds): fixed, per_pass, per_token, and ``sizes``, the
+        token counts measured; None before any measurement."""
         with self._lock:
             runs = list(self._runs.get(key, ()))
         if not runs:
