@@ -12,6 +12,8 @@ BENCHMARKS = {
                  "(--sweep: under other launch settings, --profile: per kernel)",
     "wan_model": "a Wan2.1-1.3B-sized transformer's forward and one attention layer: sdpa, mhla, hybrid, floors",
     "dit_images": "DiT-XL/2 images per second of a sampling step, or of a training step (--train)",
+    "dit_eager_bisect": "DiT-XL/2 256 px eager sampling step, sdpa and mhla interleaved in one process, with a noise "
+                        "control and the 2026-12-01 op's factors put back one at a time (--dry-run: on a CPU)",
     "image_latency": "sampling time of the shipped class-to-image models (the app's Image tab)",
     "video_latency": "text-to-video sampling latency per clip of several pipelines side by side, per runtime: "
                      "median s, peak memory, tokens per clip, speed against the first",

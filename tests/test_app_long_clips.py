@@ -2,6 +2,7 @@
 gives, a CPU server widens its size bounds to it, and the time bound judges a first long clip from the recorded
 sampling times (a softmax clip of 8,192 tokens takes minutes on a 2-core CPU, MHLA's a fraction of that)."""
 
+import argparse
 import json
 
 import gradio as gr
@@ -76,6 +77,36 @@ def test_a_cards_default_size_is_where_the_page_and_generate_start(tmp_path, mon
     assert (preset["frames"], preset["height"], preset["width"]) == (16, 64, 64)
 
 
+def test_a_server_allows_every_trained_size_while_the_page_starts_at_the_quick_one(tmp_path, monkeypatch):
+    """Cards that list both trained sizes and no default_size: the page starts at the preset's 16 x 64 x 64 (quick
+    on a CPU) and a CPU server, built by the app or by `mediagen app`, widens its bounds to 32 x 128 x 128."""
+    from mediagen.app import app_cli
+    from mediagen.app.handlers import MediagenApp
+    from mediagen.app.models import default_models, served_size
+
+    both = {"trained_on": {"digits": 1, "sizes": [{"frames": 16, "height": 64, "width": 64}, LONG]}}
+    _tiny_video_checkpoint(tmp_path, "sdpa", {"default_for": ["text-to-video"], **both})
+    _tiny_video_checkpoint(tmp_path, "mhla", {"trained_on": {"digits": 1, "sizes": [{"frames": 8, "height": 0}]}})
+    assert catalog.largest_trained_size("video", tmp_path) == LONG      # the malformed entry is skipped
+    models = default_models(tmp_path)
+    assert {k: models.video.size[k] for k in catalog.SIZE_KEYS} == {"frames": 16, "height": 64, "width": 64}
+    assert served_size(models.video) == LONG
+    app = MediagenApp(models, device="cpu", output_dir=tmp_path / "out")
+    assert (app.limits.max_side, app.limits.max_frames) == (128, 32)
+    seen = {}
+    monkeypatch.setattr(app_cli, "launch", lambda app, *a: seen.update(limits=app.limits))
+    parser = argparse.ArgumentParser()
+    app_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["app", "--checkpoints", str(tmp_path), "--device", "cpu", "--no-preload",
+                              "--output-dir", str(tmp_path / "cli")])
+    assert app_cli.run(args) == 0 and (seen["limits"].max_side, seen["limits"].max_frames) == (128, 32)
+    # cards without sizes: the bounds follow the page's size, as before
+    for label in ("sdpa", "mhla"):
+        (tmp_path / f"video-{label}" / "card.json").write_text("{}")
+    assert catalog.largest_trained_size("video", tmp_path) is None
+    assert served_size(default_models(tmp_path).video) == default_models(tmp_path).video.size
+
+
 @pytest.mark.parametrize("bad", [[32, 128, 128], {"frames": 32, "height": 128}, {"frames": 0, "height": 8, "width": 8},
                                  {"frames": True, "height": 8, "width": 8}, {"frames": 2.5, "height": 8, "width": 8}])
 def test_a_malformed_default_size_is_named(bad):
@@ -91,7 +122,7 @@ def test_the_first_long_softmax_clip_on_a_cpu_is_refused_with_what_mhla_takes(tm
     from mediagen.app.models import default_models
 
     models = default_models()
-    models.video.size.update(LONG)                                     # a model served at 32 x 128 x 128
+    models.video.served = dict(LONG)                                   # a model trained at 32 x 128 x 128
     app = MediagenApp(models, device="cpu", output_dir=tmp_path / "out")
     assert (app.limits.max_side, app.limits.max_frames) == (128, 32)
     recorded = {r["pipeline"]: r["s_per_clip"] for r in read_model_latency(app.model_results_path)

@@ -751,6 +751,12 @@ def test_prompt_notes_say_what_the_models_cannot_read():
                              "down\").")
     assert help_text({"video-sdpa": one, "video-mhla": one}).endswith(
         " video-sdpa and video-mhla are trained on one digit a clip, worded \"the digit 3 moves left\".")
+    sized = dict(one, sizes=[{"frames": 16, "height": 64, "width": 64}, {"frames": 32, "height": 128, "width": 128}])
+    assert help_text({"video-sdpa": sized, "video-mhla": sized}).endswith(
+        " video-sdpa and video-mhla are trained on one digit a clip, worded \"the digit 3 moves left\", at 16 frames "
+        "of 64×64 and 32 frames of 128×128.")
+    assert help_text({"video-mhla": dict(one, sizes=[{"frames": 16, "height": 64, "width": 64}, "bad"])}).endswith(
+        "worded \"the digit 3 moves left\", at 16 frames of 64×64.")
 
 
 def test_the_video_tab_helps_with_prompts_and_notes_the_unreadable(tmp_path, monkeypatch):
@@ -787,7 +793,8 @@ def test_the_video_tab_helps_with_prompts_and_notes_the_unreadable(tmp_path, mon
     assert note == ""
     shipped = MediagenApp(models.default_models(), device="cpu", output_dir=tmp_path / "shipped")
     assert shipped.prompt_help().endswith(
-        " video-sdpa and video-mhla are trained on one digit a clip, worded \"the digit 3 moves left\".")
+        " video-sdpa and video-mhla are trained on one digit a clip, worded \"the digit 3 moves left\", at 16 frames "
+        "of 64×64.")
 
 
 def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_they_read_it(tmp_path, monkeypatch):

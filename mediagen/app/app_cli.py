@@ -22,8 +22,10 @@ def register(sub):
     p.add_argument("--concurrency", type=int, default=2, help="requests run at once per endpoint")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting at most; more are turned away")
     p.add_argument("--max-side", type=int, default=None,
-                   help="largest height/width in pixels (default: by device, Limits.for_device: 64 on cpu, 128 on cuda)")
-    p.add_argument("--max-frames", type=int, default=None, help="default: 17 on cpu, 33 on cuda")
+                   help="largest height/width in pixels (default: by device, Limits.for_device: 64 on cpu or the "
+                        "served video models' largest trained size, 128 on cuda)")
+    p.add_argument("--max-frames", type=int, default=None,
+                   help="default: 17 on cpu or the served video models' largest trained size, 33 on cuda")
     p.add_argument("--max-steps", type=int, default=None, help="default: 20 on cpu, 50 on cuda")
     p.add_argument("--max-batch", type=int, default=None, help="default: 2 on cpu, 4 on cuda")
     p.add_argument("--max-request-s", type=float, default=None,
@@ -58,17 +60,19 @@ def launch(app, host: str = "127.0.0.1", port: int | None = 7860, concurrency: i
 
 def run(args) -> int:
     from .handlers import MediagenApp
-    from .models import default_device, default_models
+    from .models import default_device, default_models, served_size
 
     device = torch.device(args.device) if args.device else None
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
-    limits = Limits.for_device(device or default_device(), max_side=_positive("max-side", args.max_side),
+    models = default_models(args.checkpoints)
+    limits = Limits.for_device(device or default_device(), served=served_size(models.video),
+                               max_side=_positive("max-side", args.max_side),
                                max_frames=_positive("max-frames", args.max_frames),
                                max_steps=_positive("max-steps", args.max_steps),
                                max_batch=_positive("max-batch", args.max_batch),
                                max_request_s=_positive("max-request-s", args.max_request_s))
-    app = MediagenApp(default_models(args.checkpoints), limits, device, args.output_dir, args.results)
+    app = MediagenApp(models, limits, device, args.output_dir, args.results)
     if not args.no_preload:
         app.cache.preload()
     print(f"mediagen app on {app.cache.device.type}; outputs in {app.output_root}")

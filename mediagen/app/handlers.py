@@ -21,7 +21,7 @@ from ..pipelines.names import RUNTIMES
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
 from .models import (ModelCache, ModelSet, caption_template, default_models, encoder_details, encoder_info,
-                     info_markdown, model_details, model_info, model_name, trained_on)
+                     info_markdown, model_details, model_info, model_name, served_size, trained_on)
 from .prompts import help_text, prompt_note, read_as, size_note
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
@@ -79,7 +79,7 @@ class MediagenApp:
     def __init__(self, models: ModelSet | None = None, limits: Limits | None = None, device=None,
                  output_dir=None, results_path=None, bench_shapes=None, model_results_path=None):
         self.cache = ModelCache(models or default_models(), device)
-        self.limits = limits or Limits.for_device(self.cache.device, served=self.cache.models.video.size)
+        self.limits = limits or Limits.for_device(self.cache.device, served=served_size(self.cache.models.video))
         self.budget = TimeBudget(self.limits.max_request_s)
         self.output_root = files.output_root(output_dir)
         self.results_path = Path(results_path) if results_path else bench_results.default_results_path()

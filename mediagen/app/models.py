@@ -45,11 +45,13 @@ def __getattr__(name):
 @dataclass
 class ModelSource:
     """base: a preset name, a preset dict (``mediagen.models.presets``) or a saved folder;
-    trained: attention label -> folder trained with that attention; size: default output size."""
+    trained: attention label -> folder trained with that attention; size: default output size; served: the
+    largest size the trained checkpoints learned (their cards), which a CPU server's bounds widen to."""
 
     base: str | dict
     trained: dict[str, str] = field(default_factory=dict)
     size: dict = field(default_factory=dict)
+    served: dict = field(default_factory=dict)
     untrained: tuple[str, ...] = ()    # attentions served without training (converted from base)
     defaults: dict[str, str] = field(default_factory=dict)   # task -> the label it starts on (the cards')
 
@@ -181,6 +183,12 @@ def model_details(models: "ModelSet", family: str, attention: str) -> str:
     return catalog.card_details(read_card(src.trained[attention])) if attention in src.trained else ""
 
 
+def served_size(source: ModelSource) -> dict:
+    """The size a server's bounds must allow for ``source``: the largest its checkpoints trained at, else the size
+    its page starts at."""
+    return dict(source.served or source.size)
+
+
 def trained_on(models: "ModelSet", family: str, attention: str) -> dict:
     """What the checkpoint behind (family, attention) was trained on: its card's "trained_on" (for video models:
     digits per clip, the caption wording); {} for an untrained model or a card without it."""
@@ -252,8 +260,12 @@ def default_models(root: str | Path | None = None) -> ModelSet:
 
     # the video size the page starts at: the default checkpoint's own (its card), else the preset's
     video = catalog.default_size("video", root) or PRESETS[catalog.family("video").preset]
+    video = {k: video[k] for k in catalog.SIZE_KEYS}
+    # the largest size the checkpoints trained at: the bounds must let every trained size be asked for, while
+    # the page starts at the default (a size that answers quickly on a CPU)
+    largest = catalog.largest_trained_size("video", root)
     return ModelSet(image=source("image"),
-                    video=source("video", size={k: video[k] for k in catalog.SIZE_KEYS}),
+                    video=source("video", size=video, served=largest or dict(video)),
                     text_encoders=catalog.text_encoders(root))
 
 

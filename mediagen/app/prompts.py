@@ -34,13 +34,21 @@ def help_text(trained: dict[str, dict]) -> str:
     for name, what in trained.items():
         digits = what.get("digits") if isinstance(what, dict) else None
         if isinstance(digits, int) and not isinstance(digits, bool):
-            groups.setdefault((digits, what.get("wording")), []).append(name)
-    for (digits, wording), names in groups.items():
+            groups.setdefault((digits, what.get("wording"), _sizes_text(what.get("sizes"))), []).append(name)
+    for (digits, wording, sizes), names in groups.items():
         model = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
         verb = "are" if len(names) > 1 else "is"
         worded = f", worded \"{wording}\"" if isinstance(wording, str) and wording else ""
-        text += f" {model} {verb} trained on {_COUNT.get(digits, f'{digits} digits')} a clip{worded}."
+        at = f", at {sizes}" if sizes else ""
+        text += f" {model} {verb} trained on {_COUNT.get(digits, f'{digits} digits')} a clip{worded}{at}."
     return text
+
+
+def _sizes_text(sizes) -> str:
+    """A card's trained sizes as words: "16 frames of 64×64 and 32 frames of 128×128"; "" without any."""
+    listed = [f"{s['frames']} frames of {s['height']}×{s['width']}" for s in sizes or ()
+              if isinstance(s, dict) and all(isinstance(s.get(k), int) for k in ("frames", "height", "width"))]
+    return ", ".join(listed[:-1]) + f" and {listed[-1]}" if len(listed) > 1 else "".join(listed)
 
 
 def read_as(prompt: str, template: str | None, trained_on: dict | None = None, rewrite: bool = True) -> tuple[str, str]:

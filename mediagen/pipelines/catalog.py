@@ -24,8 +24,9 @@ card.json, every key optional:
       "measured_on": "512 clips, 20 steps, seed 0",   what the scores were measured on (one line)
       "note": "one line shown as is",
       "default_for": ["text-to-video"],  tasks this checkpoint serves when none is asked for
-      "trained_on": {"digits": 1,        a video model's training prompts: digits per clip and the wording
-                     "wording": "the digit 3 moves left"},
+      "trained_on": {"digits": 1,        a video model's training prompts: digits per clip and the wording,
+                     "wording": "the digit 3 moves left",   and the clip sizes it trained at (the largest one
+                     "sizes": [{"frames": 16, "height": 64, "width": 64}]},   widens a CPU server's bounds)
       "default_size": {"frames": 32, "height": 128, "width": 128},   the size a video checkpoint draws at when
                                          none is asked (``default_size``); without it, its preset's size
       "caption_template": "the digit {d} moves {m}",   the one caption template a video model was trained on:
@@ -199,6 +200,19 @@ def default_size(family_name: str, root=None) -> dict | None:
     "default_size"; None without a default checkpoint or without the key (the preset's size applies)."""
     label = default_label(family(family_name).tasks[0], root)
     return None if label is None else card_size(read_card(checkpoints(family_name, root)[label]))
+
+
+def largest_trained_size(family_name: str, root=None) -> dict | None:
+    """The largest clip (in pixels x frames) any checkpoint of the family trained at, from the cards'
+    "trained_on" "sizes": the size a server must allow for every trained size to be asked for. None when no card
+    lists sizes. Entries that are not three positive integers are skipped (``size_note`` lists what is there)."""
+    sizes = []
+    for folder in checkpoints(family_name, root).values():
+        trained = read_card(folder).get("trained_on")
+        for size in (trained.get("sizes") or []) if isinstance(trained, dict) else []:
+            if isinstance(size, dict) and all(type(size.get(k)) is int and size[k] > 0 for k in SIZE_KEYS):
+                sizes.append({k: size[k] for k in SIZE_KEYS})
+    return max(sizes, key=lambda s: (s["frames"] * s["height"] * s["width"], s["height"]), default=None)
 
 
 def defaults(family_name: str, root=None) -> dict[str, str]:
