@@ -263,9 +263,8 @@ def default_models(root: str | Path | None = None) -> ModelSet:
     video = {k: video[k] for k in catalog.SIZE_KEYS}
     # the largest size the checkpoints trained at: the bounds must let every trained size be asked for, while
     # the page starts at the default (a size that answers quickly on a CPU)
-    largest = catalog.largest_trained_size("video", root)
     return ModelSet(image=source("image"),
-                    video=source("video", size=video, served=largest or dict(video)),
+                    video=source("video", size=video, served=catalog.largest_trained_size("video", root) or {}),
                     text_encoders=catalog.text_encoders(root))
 
 
