@@ -57,9 +57,9 @@ class Limits:
     def for_device(cls, device, served: dict | None = None, **overrides) -> "Limits":
         """Bounds for ``device``. On a CPU one denoising step of a 16x64x64 clip takes seconds and a
         128 px, 33-frame request took minutes at 2 steps, so a CPU gets 64 px, 17 frames, 20 steps,
-        batch 2 and a 90 s bound per request, widened to ``served`` (the served video model's own size,
-        {"frames", "height", "width"}: a model trained on long clips is offered at its size, the time bound
-        deciding what runs); a GPU keeps the full bounds and a 120 s bound."""
+        batch 2 and a 90 s bound per request, widened to ``served`` (the largest size the served video models
+        trained at, {"frames", "height", "width"}: a model trained on long clips is offered at that size, the time
+        bound deciding what runs); a GPU keeps the full bounds and a 120 s bound."""
         kind = getattr(device, "type", str(device))
         base = (dict(max_side=64, max_frames=17, max_steps=20, max_batch=2, max_request_s=90.0)
                 if kind == "cpu" else dict(max_request_s=120.0))
