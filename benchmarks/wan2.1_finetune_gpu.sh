@@ -9,6 +9,8 @@
 #   setup       the stand-in pipeline and the clips under $DATA (default /tmp/wan-data; about 7 GB)
 #   estimate    parameters of each variant (meta device) and the memory estimate below
 #   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl)
+#   resume      the all-MHLA config at 480p for STEPS (90) steps, a checkpoint every STEPS/2: once uninterrupted, once
+#               SIGKILLed after its first checkpoint and run again (the same command resumes); the losses compared
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
 #   two_gpu_mem DDP and FSDP on 2 GPUs, batch 2: peak GiB per process
 #   sp          the all-MHLA config sequence-parallel on 2 GPUs (blocks 2 x 5 x 10) against 1 GPU
@@ -46,6 +48,10 @@ print(f"peak_gib {torch.cuda.max_memory_allocated() / 2**30:.1f} reserved_gib "
       f"loss {result['losses'][steps[-1]]:.4f}")
 EOF
 CFG=configs/train/wan2.1-1.3b
+# Runs write under $WORK (a 1.3B checkpoint with AdamW state is 17 GB, written at a run's last step); only their
+# metrics.jsonl is kept, as $out/metrics-NAME.jsonl, and the folder removed
+WORK=${WORK:-/tmp/wan-runs}
+keep_metrics() { cp "$1/metrics.jsonl" "$out/metrics-$2.jsonl" 2>/dev/null; rm -rf "$1"; }
 # what the synthetic runs change in the configs: where the model and the clips are, how long, no samples/checkpoints
 SYN=(model.pretrained=$DATA/wan-stand-in data.dataset=latent-cache data.num_workers=2 train.max_steps=10
      train.batch_size=1 train.micro_batch_size=1 optim.warmup_steps=0 checkpoint.every=100000 checkpoint.resume=null
@@ -79,8 +85,27 @@ one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conve
   size=${part#one_gpu_}
   if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
   for v in sdpa mhla hybrid; do
-    run ${v}_$size 190 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$out/runs/$v-$size "${SYN[@]}" "${R[@]}"
+    run ${v}_$size 190 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
+    keep_metrics $WORK/$v-$size $v-$size
   done
+  ;;
+resume)  # a kill -9 loses at most the steps since the last checkpoint; the resumed run's losses are the run's own
+  steps=${STEPS:-90}; every=$((steps / 2))
+  RES=("${SYN[@]}" "${R480[@]}" train.max_steps=$steps checkpoint.every=$every checkpoint.keep_last=1
+       checkpoint.resume=latest overwrite_output_dir=false logging.every=1)
+  run resume_ref 600 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$WORK/ref "${RES[@]}"
+  keep_metrics $WORK/ref resume-ref
+  killed=$WORK/killed; rm -rf "$killed"; mkdir -p "$killed"
+  setsid python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$killed "${RES[@]}" > "$out/resume_killed.txt" 2>&1 &
+  pid=$!; t=0
+  until ls "$killed"/checkpoints/*"$every"* > /dev/null 2>&1 || [ $t -ge 300 ]; do sleep 2; t=$((t + 2)); done
+  sleep 5; kill -9 -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+  echo "=== killed after $(python3 -c "import json,sys; print(max(json.loads(l)['step'] for l in open(sys.argv[1])))" \
+    "$killed/metrics.jsonl") steps; checkpoints: $(ls "$killed/checkpoints" | tr '\n' ' ')"
+  run resume_again 600 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$killed "${RES[@]}"
+  keep_metrics $killed resume-killed
+  run resume_compare 30 python3 benchmarks/compare_loss_curves.py $out/metrics-resume-ref.jsonl \
+    $out/metrics-resume-killed.jsonl
   ;;
 two_gpu_eq)  # fp32 and no TF32, so that the only difference between 1 and 2 processes is summation order
   export NVIDIA_TF32_OVERRIDE=0
@@ -105,5 +130,5 @@ sp)  # each GPU holds half of every clip's tokens (whole MHLA blocks along the f
     train.sequence_parallel=true
   run sp_compare 30 python3 benchmarks/compare_loss_curves.py $out/runs/sp1/metrics.jsonl $out/runs/sp2/metrics.jsonl
   ;;
-*) echo "unknown part $part: use setup|estimate|one_gpu_480p|one_gpu_720p|two_gpu_eq|two_gpu_mem|sp"; exit 2 ;;
+*) echo "unknown part $part: use setup|estimate|one_gpu_480p|one_gpu_720p|resume|two_gpu_eq|two_gpu_mem|sp"; exit 2 ;;
 esac
