@@ -23,6 +23,20 @@ from mediagen.pipelines.prompts import rewrite_prompt
     ("watch the digit 3 travel left as the digit eight travels down",
      "the digit 3 moves left while the digit 8 moves down"),
     ("the digits 4 and 5 both move right", "the digit 4 moves right while the digit 5 moves right"),
+    # directions named by verbs, compass points and the canvas's edges; "from" names where a digit starts
+    ("an eight falling", "the digit 8 moves down"),
+    ("a 2 rising slowly", "the digit 2 moves up"),
+    ("9 ascending", "the digit 9 moves up"),
+    ("a handwritten 2 sinking", "the digit 2 moves down"),
+    ("a six travelling west", "the digit 6 moves left"),
+    ("the digit 4 moving eastward", "the digit 4 moves right"),
+    ("the digit 5 moves toward the top", "the digit 5 moves up"),
+    ("show me the number nine moving from right to left", "the digit 9 moves left"),
+    ("the digit 0 moving from left to right", "the digit 0 moves right"),
+    ("a 3 sliding in from the left", "the digit 3 moves right"),
+    ("a 9 falling from the top", "the digit 9 moves down"),
+    ("the 6 at the top moves left", "the digit 6 moves left"),     # where it is, not which way
+    ("one 7 moving right", "the digit 7 moves right"),              # a count before a numeral
     ("a picture of a seven", "the digit 7"),                        # a still prompt: the still template
     ("the number six on a dark screen", "the digit 6"),
 ])

@@ -9,7 +9,9 @@ every clip with it (``mediagen.training.data.moving_mnist.clip_caption``), and p
 ``parse_prompt`` reads the digits (numerals or number words), their directions and the digit count a
 prompt asks for. The clip scorer (``mediagen.eval.moving_mnist``), the app's notes and prompt rewriting all
 read prompts with it. A direction word applies to the digits named since the previous direction word, and
-digits after the last one take the last one.
+digits after the last one take the last one. Directions are read from "left", "leftward(s)" and the like, compass
+points ("west"), verbs of rising and falling ("falling", "ascends"), and the canvas's edges after "to" / "toward(s)"
+("toward the top"); after "from" they name where a digit starts, so the opposite way ("from right to left").
 
 Standard library only: the pipelines read prompts with it, and the scorer and the training data build on it.
 """
@@ -50,6 +52,18 @@ COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "single": 1, "two": 2, "three": 3, "fo
 DIRECTIONS = {"left": "left", "leftward": "left", "leftwards": "left", "right": "right", "rightward": "right",
               "rightwards": "right", "up": "up", "upward": "up", "upwards": "up", "down": "down",
               "downward": "down", "downwards": "down"}
+# words that name a direction by a compass point or a verb of rising or falling ("a six travelling west",
+# "an eight falling", "9 ascending")
+DIRECTIONS.update({w: "left" for w in ("west", "westward", "westwards")})
+DIRECTIONS.update({w: "right" for w in ("east", "eastward", "eastwards")})
+DIRECTIONS.update({w: "up" for w in ("north", "northward", "northwards", "rise", "rises", "rising", "ascend",
+                                      "ascends", "ascending", "climb", "climbs", "climbing")})
+DIRECTIONS.update({w: "down" for w in ("south", "southward", "southwards", "fall", "falls", "falling", "drop",
+                                        "drops", "dropping", "descend", "descends", "descending", "sink", "sinks",
+                                        "sinking")})
+# the canvas's edges, a direction only after "to"/"toward(s)"/"from" ("toward the top", "from top to bottom")
+EDGES = {"top": "up", "bottom": "down"}
+OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 
 
 @dataclass
@@ -65,24 +79,44 @@ class DigitPrompt:
         return self.directions[0] if len(uniq) == 1 else None
 
 
+def _direction(words: list[str], i: int) -> str | None:
+    """The direction the word ``words[i]`` names, if any. A direction or edge after "from" ("from the left")
+    is where the digit starts, so it names the opposite way ("from right to left": left, then left)."""
+    w = words[i]
+    j = i - 1 - (i >= 1 and words[i - 1] == "the")   # the word before, "the" skipped
+    prev = words[j] if j >= 0 else ""
+    if w in EDGES:
+        way = EDGES[w]
+    elif w in DIRECTIONS:
+        way = DIRECTIONS[w]
+    else:
+        return None
+    if prev == "from":
+        return OPPOSITE[way]
+    if w in EDGES and prev not in ("to", "toward", "towards"):
+        return None   # "the 3 at the top" says where, not which way
+    return way
+
+
 def parse_prompt(prompt: str) -> DigitPrompt | None:
     """The digits, direction and count a Moving-MNIST prompt asks for; None for other prompts."""
     words = re.findall(r"[a-z]+|\d", prompt.lower())
     count = None
     for w, nxt in zip(words, words[1:]):
-        if nxt in ("digit", "digits") and w in COUNT_WORDS:
-            count = COUNT_WORDS[w]
+        if w in COUNT_WORDS and (nxt in ("digit", "digits") or (w in NUMBER_WORDS and nxt.isdigit())):
+            count = COUNT_WORDS[w]   # "two digits", and "one 7": a count before a numeral
     digits, directions, pending = [], [], 0  # pending: digits still waiting for their direction
     last = None
     for i, w in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
         if w.isdigit():
             digits.append(int(w))
             pending += 1
-        elif w in NUMBER_WORDS and not (w in COUNT_WORDS and i + 1 < len(words) and words[i + 1] in ("digit", "digits")):
+        elif w in NUMBER_WORDS and not (w in COUNT_WORDS and (nxt in ("digit", "digits") or nxt.isdigit())):
             digits.append(NUMBER_WORDS[w])
             pending += 1
-        elif w in DIRECTIONS:
-            last = DIRECTIONS[w]
+        elif (way := _direction(words, i)) is not None:
+            last = way
             directions += [last] * pending
             pending = 0
     directions += [last] * pending
