@@ -34,6 +34,8 @@ from mediagen.pipelines.prompts import rewrite_prompt
     ("show me the number nine moving from right to left", "the digit 9 moves left"),
     ("the digit 0 moving from left to right", "the digit 0 moves right"),
     ("a 3 sliding in from the left", "the digit 3 moves right"),
+    ("the digit 3 travels right-to-left", "the digit 3 moves left"),
+    ("a 4 moving top to bottom", "the digit 4 moves down"),
     ("a 9 falling from the top", "the digit 9 moves down"),
     ("the 6 at the top moves left", "the digit 6 moves left"),     # where it is, not which way
     ("one 7 moving right", "the digit 7 moves right"),              # a count before a numeral

@@ -11,7 +11,8 @@ prompt asks for. The clip scorer (``mediagen.eval.moving_mnist``), the app's not
 read prompts with it. A direction word applies to the digits named since the previous direction word, and
 digits after the last one take the last one. Directions are read from "left", "leftward(s)" and the like, compass
 points ("west"), verbs of rising and falling ("falling", "ascends"), and the canvas's edges after "to" / "toward(s)"
-("toward the top"); after "from" they name where a digit starts, so the opposite way ("from right to left").
+("toward the top"); after "from" and before "to <direction>" they name where a digit starts ("from right to
+left", "right-to-left").
 
 Standard library only: the pipelines read prompts with it, and the scorer and the training data build on it.
 """
@@ -90,6 +91,9 @@ def _direction(words: list[str], i: int) -> str | None:
     elif w in DIRECTIONS:
         way = DIRECTIONS[w]
     else:
+        return None
+    k = i + 2 + (i + 2 < len(words) and words[i + 2] == "the")   # "right to (the) left": right is where it starts
+    if i + 1 < len(words) and words[i + 1] == "to" and k < len(words) and words[k] in DIRECTIONS.keys() | EDGES.keys():
         return None
     if prev == "from":
         return OPPOSITE[way]
