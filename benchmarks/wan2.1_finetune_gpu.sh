@@ -14,7 +14,8 @@
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
 #   two_gpu_mem DDP and FSDP on 2 GPUs, batch 2: peak GiB per process
 #   sp          the all-MHLA config sequence-parallel on 2 GPUs (blocks 2 x 5 x 10) against 1 GPU
-# Each step is time-boxed to fit one 10-minute command. On a CPU, `accelerate launch --cpu --num_processes 2`
+# Each step is time-boxed to fit one 10-minute command. A part writes a file per run into OUT, more than a device call
+# brings back (8 files): give it a folder under the call's $OUT and pack that into one tarball before the call ends. On a CPU, `accelerate launch --cpu --num_processes 2`
 # starts ONE process (accelerate's multi-CPU launch goes through mpirun): launch with --multi_gpu, as below
 # (tests/test_training_ddp.py does so on 2 CPU processes).
 #
