@@ -8,7 +8,8 @@
 # Usage (repository root, on the GPU machine): bash benchmarks/wan2.1_finetune_gpu.sh PART OUT
 #   setup       the stand-in pipeline and the clips under $DATA (default /tmp/wan-data; about 7 GB)
 #   estimate    parameters of each variant (meta device) and the memory estimate below
-#   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl)
+#   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl);
+#               COMPILE=true: the same compiled (metrics files then named ...-compiled)
 #   resume      the all-MHLA config at 480p for STEPS (90) steps, a checkpoint every STEPS/2: once uninterrupted, once
 #               SIGKILLed after its first checkpoint and run again (the same command resumes); the losses compared
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
@@ -57,7 +58,7 @@ keep_metrics() { cp "$1/metrics.jsonl" "$out/metrics-$2.jsonl" 2>/dev/null; rm -
 SYN=(model.pretrained=$DATA/wan-stand-in data.dataset=latent-cache data.num_workers=2 train.max_steps=10
      train.batch_size=1 train.micro_batch_size=1 optim.warmup_steps=0 checkpoint.every=100000 checkpoint.resume=null
      checkpoint.save_pipeline=false overwrite_output_dir=true logging.sample_every=0
-     logging.progress=false)
+     logging.progress=false train.compile=${COMPILE:-false})
 R480=(data.cache_dir=$DATA/synthetic-480p)
 R720=(data.cache_dir=$DATA/synthetic-720p objective.shift=5.0)
 case $part in
@@ -85,9 +86,10 @@ EOF
 one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conversion, then 10 steps)
   size=${part#one_gpu_}
   if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
+  sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled)
   for v in sdpa mhla hybrid; do
-    run ${v}_$size 190 python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
-    keep_metrics $WORK/$v-$size $v-$size
+    run ${v}_$size$sfx $([ -n "$sfx" ] && echo 400 || echo 190) python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
+    keep_metrics $WORK/$v-$size $v-$size$sfx
   done
   ;;
 resume)  # a kill -9 loses at most the steps since the last checkpoint; the resumed run's losses are the run's own
