@@ -39,6 +39,7 @@ from mediagen.pipelines.prompts import rewrite_prompt
     ("a 9 falling from the top", "the digit 9 moves down"),
     ("the 6 at the top moves left", "the digit 6 moves left"),     # where it is, not which way
     ("one 7 moving right", "the digit 7 moves right"),              # a count before a numeral
+    ("a nought plummeting", "the digit 0 moves down"),
     ("a picture of a seven", "the digit 7"),                        # a still prompt: the still template
     ("the number six on a dark screen", "the digit 6"),
 ])

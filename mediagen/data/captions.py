@@ -47,8 +47,8 @@ def big_numbers(prompt: str) -> list[str]:
     return [w for w in words if (w.isdigit() and int(w) > 9) or w in BIG_NUMBER_WORDS]
 
 
-NUMBER_WORDS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-                "eight": 8, "nine": 9}
+NUMBER_WORDS = {"zero": 0, "nought": 0, "naught": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+                "seven": 7, "eight": 8, "nine": 9}
 COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "single": 1, "two": 2, "three": 3, "four": 4, "five": 5}
 DIRECTIONS = {"left": "left", "leftward": "left", "leftwards": "left", "right": "right", "rightward": "right",
               "rightwards": "right", "up": "up", "upward": "up", "upwards": "up", "down": "down",
@@ -58,10 +58,12 @@ DIRECTIONS = {"left": "left", "leftward": "left", "leftwards": "left", "right": 
 DIRECTIONS.update({w: "left" for w in ("west", "westward", "westwards")})
 DIRECTIONS.update({w: "right" for w in ("east", "eastward", "eastwards")})
 DIRECTIONS.update({w: "up" for w in ("north", "northward", "northwards", "rise", "rises", "rising", "ascend",
-                                      "ascends", "ascending", "climb", "climbs", "climbing")})
+                                      "ascends", "ascending", "climb", "climbs", "climbing", "soar", "soars",
+                                      "soaring")})
 DIRECTIONS.update({w: "down" for w in ("south", "southward", "southwards", "fall", "falls", "falling", "drop",
                                         "drops", "dropping", "descend", "descends", "descending", "sink", "sinks",
-                                        "sinking")})
+                                        "sinking", "plummet", "plummets", "plummeting", "plunge", "plunges",
+                                        "plunging", "dive", "dives", "diving")})
 # the canvas's edges, a direction only after "to"/"toward(s)"/"from" ("toward the top", "from top to bottom")
 EDGES = {"top": "up", "bottom": "down"}
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
