@@ -83,8 +83,9 @@ class DigitPrompt:
 
 
 def _direction(words: list[str], i: int) -> str | None:
-    """The direction the word ``words[i]`` names, if any. A direction or edge after "from" ("from the left")
-    is where the digit starts, so it names the opposite way ("from right to left": left, then left)."""
+    """The direction the word ``words[i]`` names, if any. A direction or edge followed by "to <direction>"
+    names where the digit starts, not the way ("right to left": none, then left); one after "from" does too, so
+    it names the opposite way when nothing follows ("sliding in from the left": right)."""
     w = words[i]
     j = i - 1 - (i >= 1 and words[i - 1] == "the")   # the word before, "the" skipped
     prev = words[j] if j >= 0 else ""
