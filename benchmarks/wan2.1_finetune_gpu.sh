@@ -15,10 +15,10 @@
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
 #   two_gpu_mem DDP and FSDP on 2 GPUs, batch 2: peak GiB per process
 #   sp          the all-MHLA config sequence-parallel on 2 GPUs (blocks 2 x 5 x 10) against 1 GPU
-# Each step is time-boxed to fit one 10-minute command. A part writes a file per run into OUT, more than a device call
-# brings back (8 files): give it a folder under the call's $OUT and pack that into one tarball before the call ends. On a CPU, `accelerate launch --cpu --num_processes 2`
-# starts ONE process (accelerate's multi-CPU launch goes through mpirun): launch with --multi_gpu, as below
-# (tests/test_training_ddp.py does so on 2 CPU processes).
+# Each step is time-boxed to fit one 10-minute command. A part writes a file per run into OUT, more than a device
+# call brings back (8 files): give it a folder under the call's $OUT and pack that into one tarball before the call
+# ends. On a CPU, `accelerate launch --cpu --num_processes 2` starts ONE process (accelerate's multi-CPU launch goes
+# through mpirun): launch with --multi_gpu, as below (tests/test_training_ddp.py does so on 2 CPU processes).
 #
 # Memory per GPU, estimated (one process, micro-batch 1, bf16 autocast over fp32 master weights, AdamW,
 # gradient checkpointing of every transformer block). P = 1,418,996,800 (sdpa), 1,419,717,880 (mhla: Mc and
@@ -88,7 +88,8 @@ one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conve
   if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
   sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled)
   for v in sdpa mhla hybrid; do
-    run ${v}_$size$sfx $([ -n "$sfx" ] && echo 400 || echo 190) python3 "$PEAK" $CFG-$v-finetune.yaml output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
+    run ${v}_$size$sfx $([ -n "$sfx" ] && echo 400 || echo 190) python3 "$PEAK" $CFG-$v-finetune.yaml \
+      output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
     keep_metrics $WORK/$v-$size $v-$size$sfx
   done
   ;;
@@ -114,24 +115,27 @@ two_gpu_eq)  # fp32 and no TF32, so that the only difference between 1 and 2 pro
   export NVIDIA_TF32_OVERRIDE=0
   EQ=("${SYN[@]}" "${R480[@]}" train.max_steps=5 train.batch_size=2 train.mixed_precision=no)
   run eq_1gpu 270 accelerate launch --num_processes 1 "$PEAK" $CFG-mhla-finetune.yaml \
-    output_dir=$out/runs/eq1 "${EQ[@]}"
+    output_dir=$WORK/eq1 "${EQ[@]}"
   run eq_2gpu 270 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
-    output_dir=$out/runs/eq2 "${EQ[@]}"
-  run eq_compare 30 python3 benchmarks/compare_loss_curves.py $out/runs/eq1/metrics.jsonl $out/runs/eq2/metrics.jsonl
+    output_dir=$WORK/eq2 "${EQ[@]}"
+  keep_metrics $WORK/eq1 eq1; keep_metrics $WORK/eq2 eq2
+  run eq_compare 30 python3 benchmarks/compare_loss_curves.py $out/metrics-eq1.jsonl $out/metrics-eq2.jsonl
   ;;
 two_gpu_mem)
   run ddp_2gpu_480p 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
-    output_dir=$out/runs/ddp "${SYN[@]}" "${R480[@]}" train.batch_size=2
+    output_dir=$WORK/ddp "${SYN[@]}" "${R480[@]}" train.batch_size=2
   run fsdp_2gpu_480p 280 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
-    output_dir=$out/runs/fsdp "${SYN[@]}" "${R480[@]}" train.batch_size=2 train.distributed=fsdp
+    output_dir=$WORK/fsdp "${SYN[@]}" "${R480[@]}" train.batch_size=2 train.distributed=fsdp
+  keep_metrics $WORK/ddp ddp; keep_metrics $WORK/fsdp fsdp
   ;;
 sp)  # each GPU holds half of every clip's tokens (whole MHLA blocks along the frames)
-  run sp_1gpu 270 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$out/runs/sp1 "${SYN[@]}" "${R720[@]}" \
+  run sp_1gpu 270 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$WORK/sp1 "${SYN[@]}" "${R720[@]}" \
     'model.blocks=[2,5,10]' train.max_steps=5
   run sp_2gpu 270 accelerate launch --multi_gpu --num_processes 2 "$PEAK" $CFG-mhla-finetune.yaml \
-    output_dir=$out/runs/sp2 "${SYN[@]}" "${R720[@]}" 'model.blocks=[2,5,10]' train.max_steps=5 \
+    output_dir=$WORK/sp2 "${SYN[@]}" "${R720[@]}" 'model.blocks=[2,5,10]' train.max_steps=5 \
     train.sequence_parallel=true
-  run sp_compare 30 python3 benchmarks/compare_loss_curves.py $out/runs/sp1/metrics.jsonl $out/runs/sp2/metrics.jsonl
+  keep_metrics $WORK/sp1 sp1; keep_metrics $WORK/sp2 sp2
+  run sp_compare 30 python3 benchmarks/compare_loss_curves.py $out/metrics-sp1.jsonl $out/metrics-sp2.jsonl
   ;;
 *) echo "unknown part $part: use setup|estimate|one_gpu_480p|one_gpu_720p|resume|two_gpu_eq|two_gpu_mem|sp"; exit 2 ;;
 esac

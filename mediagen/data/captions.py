@@ -67,6 +67,7 @@ DIRECTIONS.update({w: "down" for w in ("south", "southward", "southwards", "fall
 # the canvas's edges, a direction only after "to"/"toward(s)"/"from" ("toward the top", "from top to bottom")
 EDGES = {"top": "up", "bottom": "down"}
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
+WAY_WORDS = frozenset(DIRECTIONS) | frozenset(EDGES)
 
 
 @dataclass
@@ -96,7 +97,7 @@ def _direction(words: list[str], i: int) -> str | None:
     else:
         return None
     k = i + 2 + (i + 2 < len(words) and words[i + 2] == "the")   # "right to (the) left": right is where it starts
-    if i + 1 < len(words) and words[i + 1] == "to" and k < len(words) and words[k] in DIRECTIONS.keys() | EDGES.keys():
+    if i + 1 < len(words) and words[i + 1] == "to" and k < len(words) and words[k] in WAY_WORDS:
         return None
     if prev == "from":
         return OPPOSITE[way]
