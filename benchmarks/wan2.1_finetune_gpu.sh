@@ -9,7 +9,8 @@
 #   setup       the stand-in pipeline and the clips under $DATA (default /tmp/wan-data; about 7 GB)
 #   estimate    parameters of each variant (meta device) and the memory estimate below
 #   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl);
-#               COMPILE=true: the same compiled (metrics files then named ...-compiled)
+#               COMPILE=true: the same compiled (metrics files then named ...-compiled); VARIANTS: which of
+#               "sdpa mhla hybrid" (all three unless set)
 #   resume      the all-MHLA config at 480p for STEPS (90) steps, a checkpoint every STEPS/2: once uninterrupted, once
 #               SIGKILLed after its first checkpoint and run again (the same command resumes); the losses compared
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
@@ -87,7 +88,7 @@ one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conve
   size=${part#one_gpu_}
   if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
   sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled)
-  for v in sdpa mhla hybrid; do
+  for v in ${VARIANTS:-sdpa mhla hybrid}; do
     run ${v}_$size$sfx $([ -n "$sfx" ] && echo 400 || echo 190) python3 "$PEAK" $CFG-$v-finetune.yaml \
       output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
     keep_metrics $WORK/$v-$size $v-$size$sfx

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from mediagen.cli import main as cli_main
@@ -125,6 +126,7 @@ BASE = ["output_dir=x", "model.preset=dit-tiny"]
     ("checkpoint.every=0", r"checkpoint\.every=0 is not allowed: use an int >= 1"),
     ("logging.every=0", r"logging\.every=0 is not allowed"),
     ("objective.class_dropout=1.5", r"objective\.class_dropout=1\.5 is not allowed: use a probability"),
+    ("objective.size_weighting=-1", r"objective\.size_weighting=-1\.0 is not allowed: use a number in \[0, 2\]"),
     ("data.num_workers=-1", r"data\.num_workers=-1 is not allowed"),
     ("model.attention=[mhla,softmax]", r"model\.attention\[1\]='softmax' is not allowed: each entry is one of "
                                        r"\['sdpa', 'linear', 'mhla'\] or null"),
@@ -165,3 +167,20 @@ def test_a_run_failing_on_its_config_leaves_the_runs_config_yaml_alone(tmp_path,
     train(tiny_config(out, TINY_DIT, "train.max_steps=1", "checkpoint.save_pipeline=false",
                       "checkpoint.resume=latest"))
     assert OmegaConf.load(saved).train.max_steps == 1
+
+
+def test_size_weighting_weighs_a_batch_by_its_clips_pixels_against_the_configured_size():
+    from mediagen.training.trainer import size_weight
+
+    cfg = load_config(None, ["output_dir=x", "model.preset=wan-mmnist", "task=text-to-video", "data.dataset=moving-mnist", "data.resolution=128",
+                             "data.num_frames=32", "objective.size_weighting=1"])
+    long, short = torch.zeros(2, 1, 32, 128, 128), torch.zeros(2, 1, 16, 64, 64)
+    assert size_weight(cfg, {"pixels": long}) == 1.0
+    assert size_weight(cfg, {"pixels": short}) == 1 / 8           # a pixel of either size weighs the same
+    cfg.objective.size_weighting = 0.5
+    assert size_weight(cfg, {"pixels": short}) == pytest.approx(8 ** -0.5)
+    cfg.objective.size_weighting = 0.0
+    assert size_weight(cfg, {"pixels": short}) == 1.0              # off: a batch's mean loss as it is
+    cfg.objective.size_weighting = 1.0
+    with pytest.raises(ConfigError, match=r"objective\.size_weighting=1\.0 is not allowed with data\.dataset="):
+        size_weight(cfg, {"latents": short})

@@ -83,6 +83,10 @@ class ObjectiveConfig:
     shift: float = 1.0                      # flow: sigma -> shift*s / (1 + (shift-1)*s) (Wan uses 3..5)
     num_train_timesteps: int = 1000
     class_dropout: float = 0.1              # probability of the null class / empty prompt (for guidance)
+    size_weighting: float = 0.0             # mixed clip sizes: a batch's mean loss x (its clip's pixels / the
+                                            # configured size's: data.num_frames x data.resolution^2) ** this.
+                                            # 0: every batch counts alike, so a pixel of a small clip weighs
+                                            # more; 1: every pixel weighs the same whatever its clip's size
 
 
 @dataclass
@@ -230,6 +234,7 @@ _RANGES = {
     "objective.class_dropout": (lambda v: _finite(v) and 0 <= v <= 1, "a probability in [0, 1]"),
     "objective.logit_std": (lambda v: _finite(v) and v > 0, "a number > 0"),
     "objective.shift": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "objective.size_weighting": (lambda v: _finite(v) and 0 <= v <= 2, "a number in [0, 2] (0: off, 1: per pixel)"),
     "objective.num_train_timesteps": (lambda v: v >= 1, "an int >= 1"),
     "data.resolution": (lambda v: v >= 1, "an int >= 1"),
     "data.channels": (lambda v: v >= 1, "an int >= 1"),

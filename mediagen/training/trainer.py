@@ -48,7 +48,7 @@ from ..attention.sequence_parallel import sum_gradients
 from . import checkpoint as ckpt
 from .components import Components, build_components
 from .conditioning import Conditioner
-from .config import save_config
+from .config import ConfigError, save_config
 from .data import build_dataset, collate
 from .data.sampler import MicroBatchSampler, StepBatches
 from .data.video_folder import VideoReadError
@@ -206,6 +206,7 @@ def compute_loss(run: Run, batch, step: int, positions: list[int]):
     with run.autocast():
         pred = predict(run, run.model, noised.inputs, noised.timesteps, batch, noised.drop, device)
         loss = F.mse_loss(pred.float(), noised.target.float())
+        weight = size_weight(run.cfg, batch)
         distill = None
         if run.components.teacher is not None:
             with torch.no_grad():
@@ -213,7 +214,25 @@ def compute_loss(run: Run, batch, step: int, positions: list[int]):
                                   device)
             distill = F.mse_loss(pred.float(), teacher.float())
     total = loss if distill is None else loss + run.cfg.finetune.distill_weight * distill
-    return total, loss.detach(), distill
+    return total * weight if weight != 1.0 else total, loss.detach(), distill
+
+
+def size_weight(cfg, batch) -> float:
+    """The factor objective.size_weighting puts on a batch's loss: (the pixels of one of its clips / the
+    configured clip's) ** power. A mean loss gives a batch of small clips as much pull as one of large
+    clips, so with mixed sizes under Adam the large clips, whose few ink pixels are a small share of
+    the mean, learn slowest; power 1 makes every pixel count the same whatever its clip's size."""
+    power = cfg.objective.size_weighting
+    if not power:
+        return 1.0
+    if "pixels" not in batch:
+        raise ConfigError(f"objective.size_weighting={power} is not allowed with data.dataset="
+                          f"{cfg.data.dataset}: it weighs batches by their pixels, which encoded clips do not "
+                          "carry; use 0")
+    pixels = batch["pixels"]
+    per_clip = pixels[0].numel() / cfg.data.channels
+    nominal = cfg.data.resolution ** 2 * (cfg.data.num_frames if pixels.dim() == 5 else 1)
+    return float((per_clip / nominal) ** power)
 
 
 def save_checkpoint(run: Run, step: int) -> None:
