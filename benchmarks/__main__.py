@@ -21,6 +21,8 @@ BENCHMARKS = {
                      "(--readout: under other HLA readout launch settings)",
     "profile_hla": "one HLA layer's time stage by stage, beside causal SDPA",
     "kernel_resources": "registers, spills and shared memory of the MHLA kernels, compiled for sm_90a (no GPU needed)",
+    "train_step_profile": "where a training step's time goes (attention, matmuls, norms, optimizer, other, host "
+                          "wait), from a YAML config's run under torch.profiler",
     "sequence_parallel": "sequence-parallel MHLA on several GPUs (torchrun): agreement with one GPU, bytes sent per "
                          "layer, the Wan-1.3B-sized forward and training step against one GPU",
 }

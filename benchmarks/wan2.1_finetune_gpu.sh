@@ -11,6 +11,8 @@
 #   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl);
 #               COMPILE=true: the same compiled (metrics files then named ...-compiled); VARIANTS: which of
 #               "sdpa mhla hybrid" (all three unless set)
+#   profile_480p, profile_720p   where a step's time goes per variant (benchmarks/train_step_profile.py: attention,
+#               matmuls, norms, optimizer, other, host wait), steps 3-5 profiled; COMPILE and VARIANTS as above
 #   resume      the all-MHLA config at 480p for STEPS (90) steps, a checkpoint every STEPS/2: once uninterrupted, once
 #               SIGKILLed after its first checkpoint and run again (the same command resumes); the losses compared
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
@@ -36,7 +38,7 @@ set -u
 part=$1; out=$2
 mkdir -p "$out"
 DATA=${DATA:-/tmp/wan-data}
-RUN_FILTER="peak_gib|trained to|parameters|relative difference|wrote|Error|error" RUN_LINES=12
+RUN_FILTER="peak_gib|trained to|parameters|relative difference|wrote|_ms_per_step|Error|error" RUN_LINES=12
 . "$(dirname "$0")/gpu_env.sh"  # exports, wheels, run NAME SECONDS CMD...
 # training with the peak GPU memory of each process printed at the end (torch.cuda.max_memory_allocated)
 PEAK=$out/train_with_peak.py
@@ -94,6 +96,16 @@ one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conve
     keep_metrics $WORK/$v-$size $v-$size$sfx
   done
   ;;
+profile_480p|profile_720p)
+  size=${part#profile_}
+  if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
+  sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled)
+  for v in ${VARIANTS:-sdpa mhla hybrid}; do
+    run profile_${v}_$size$sfx 400 python3 -m benchmarks train_step_profile $CFG-$v-finetune.yaml \
+      output_dir=$WORK/profile-$v-$size "${SYN[@]}" "${R[@]}" --warmup 2 --steps 3 --out $out/profile-$v-$size$sfx.json
+    rm -rf $WORK/profile-$v-$size
+  done
+  ;;
 resume)  # a kill -9 loses at most the steps since the last checkpoint; the resumed run's losses are the run's own
   steps=${STEPS:-90}; every=$((steps / 2))
   RES=("${SYN[@]}" "${R480[@]}" train.max_steps=$steps checkpoint.every=$every checkpoint.keep_last=1
@@ -138,5 +150,5 @@ sp)  # each GPU holds half of every clip's tokens (whole MHLA blocks along the f
   keep_metrics $WORK/sp1 sp1; keep_metrics $WORK/sp2 sp2
   run sp_compare 30 python3 benchmarks/compare_loss_curves.py $out/metrics-sp1.jsonl $out/metrics-sp2.jsonl
   ;;
-*) echo "unknown part $part: use setup|estimate|one_gpu_480p|one_gpu_720p|resume|two_gpu_eq|two_gpu_mem|sp"; exit 2 ;;
+*) echo "unknown part $part: use setup|estimate|one_gpu_480p|one_gpu_720p|profile_480p|profile_720p|resume|two_gpu_eq|two_gpu_mem|sp"; exit 2 ;;
 esac
