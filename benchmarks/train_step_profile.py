@@ -78,14 +78,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps profiled")
     ap.add_argument("--out", default=None, help="write the summary here as JSON")
     args = ap.parse_args(argv)
-    for name in ("warmup", "steps"):
-        if getattr(args, name) < (0 if name == "warmup" else 1):
-            ap.error(f"--{name}={getattr(args, name)} is not allowed: use an int >= {0 if name == 'warmup' else 1}")
+    if args.warmup < 0:
+        ap.error(f"--warmup={args.warmup} is not allowed: use an int >= 0")
+    if args.steps < 1:
+        ap.error(f"--steps={args.steps} is not allowed: use an int >= 1")
 
     from mediagen.training import load_config
     from mediagen.training.trainer import train
 
-    cfg = load_config(None if args.config == "-" else args.config, [*args.overrides, f"train.max_steps={args.warmup + args.steps}"])
+    last = args.warmup + args.steps
+    cfg = load_config(None if args.config == "-" else args.config, [*args.overrides, f"train.max_steps={last}"])
     cuda = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     prof = torch.profiler.profile(activities=activities)
@@ -97,7 +99,7 @@ def main(argv=None):
         if step == args.warmup:
             prof.start()
             clock["start"] = time.perf_counter()
-        elif step == args.warmup + args.steps:
+        elif step == last:
             clock["end"] = time.perf_counter()
             prof.stop()
 
@@ -106,7 +108,7 @@ def main(argv=None):
         clock["start"] = time.perf_counter()
     train(cfg, on_step_end=on_step_end)
     if "end" not in clock:
-        raise SystemExit(f"the run stopped before step {args.warmup + args.steps} (a time limit, or a resumed run "
+        raise SystemExit(f"the run stopped before step {last} (a time limit, or a resumed run "
                          "already past it): profile a fresh output_dir")
     summary = summarize(kernel_times(prof, cuda), (clock["end"] - clock["start"]) * 1e3, args.steps)
     summary |= {"config": args.config, "overrides": args.overrides,
