@@ -184,3 +184,10 @@ def test_size_weighting_weighs_a_batch_by_its_clips_pixels_against_the_configure
     cfg.objective.size_weighting = 1.0
     with pytest.raises(ConfigError, match=r"objective\.size_weighting=1\.0 is not allowed with data\.dataset="):
         size_weight(cfg, {"latents": short})
+
+
+def test_size_weighting_with_encoded_clips_fails_at_load():
+    with pytest.raises(ConfigError, match=r"objective\.size_weighting=1\.0 is not allowed with "
+                                          r"data\.dataset='latent-cache'"):
+        load_config(None, [*BASE, "task=text-to-video", "data.dataset=latent-cache", "data.cache_dir=x",
+                           "objective.size_weighting=1"])

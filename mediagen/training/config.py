@@ -300,6 +300,10 @@ def check_config(cfg) -> None:
     if cfg.data.dataset == "latent-cache" and not cfg.data.cache_dir:
         raise ConfigError("data.cache_dir is required with data.dataset='latent-cache' (the folder of encoded clips: "
                           "training/data/latent_cache.py)", key="data.cache_dir")
+    if cfg.data.dataset == "latent-cache" and cfg.objective.size_weighting:
+        raise ConfigError(f"objective.size_weighting={cfg.objective.size_weighting} is not allowed with "
+                          "data.dataset='latent-cache': it weighs batches by their pixels, which encoded clips do "
+                          "not carry; use 0", key="objective.size_weighting")
     if cfg.task == "class-to-image" and cfg.data.dataset != "mnist":
         # the class-conditional models (image-mhla, image-sdpa, image-linear) take digit labels, not captions
         raise ConfigError(f"data.dataset={cfg.data.dataset!r} has captions, not class labels: task='class-to-image' "
