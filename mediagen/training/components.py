@@ -31,6 +31,7 @@ from ..models.byte_text_encoder import ByteTextEncoder
 from ..models.convert import convert
 from ..models.identity_autoencoder import IdentityAutoencoder
 from ..models.loading import load_transformer
+from ..models.norms import cast_rms_norms
 from ..models.presets import build_transformer, preset
 from ..pipelines.shipping import TEXT_ENCODER_REF, checkpoints_dir, shipped_checkpoint
 from .lora import add_lora
@@ -212,7 +213,7 @@ def build_components(cfg) -> Components:
         transformer = build_transformer(m.preset, **_plain(m.overrides))
     _check_task(transformer, cfg.task, m.pretrained)
     teacher = None
-    if ft.mode == "convert" and ft.distill_weight > 0:
+    if ft.distill_weight > 0:  # convert: the softmax model; full: the starting model (config.py allows these)
         teacher = (load_pretrained_transformer(ft.teacher, "finetune.teacher") if ft.teacher
                    else copy.deepcopy(transformer))
         teacher.requires_grad_(False).eval()
@@ -225,6 +226,10 @@ def build_components(cfg) -> Components:
         _train_only(transformer, ft.train_only)
     if m.gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
+    # bf16 activations with fp32 weights: keep torch's fused RMSNorm (models/norms.py), whatever the attention
+    cast_rms_norms(transformer)
+    if teacher is not None:
+        cast_rms_norms(teacher)
     text_encoder = tokenizer = None
     encoder_name = "byte"
     if cfg.task != "class-to-image":

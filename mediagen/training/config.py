@@ -28,6 +28,7 @@ DATASETS = ("mnist", "moving-mnist", "image-folder", "video-folder", "latent-cac
 SCHEDULES = ("constant", "cosine")
 FINETUNE_MODES = ("none", "full", "lora", "convert")
 DISTRIBUTED = ("ddp", "fsdp")
+TEACHER_CAPTIONS = ("same", "template")
 BAD_VIDEOS = ("stop", "skip")
 
 
@@ -70,8 +71,11 @@ class FinetuneConfig:
     lora_alpha: float = 8.0
     lora_targets: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
     train_only: Optional[list[str]] = None  # parameter-name substrings to train (others frozen); None = all
-    distill_weight: float = 0.0             # convert mode: weight of MSE to the softmax teacher's output
+    distill_weight: float = 0.0             # weight of MSE to a frozen teacher's output (convert: the softmax
+                                            # model; full: the starting model, with teacher_caption=template)
     teacher: Optional[str] = None           # teacher folder (default: model.pretrained before conversion)
+    teacher_caption: str = "same"           # same: the teacher reads the student's caption; template: the clip's
+                                            # template caption, whatever wording the student reads
 
 
 @dataclass
@@ -83,6 +87,7 @@ class ObjectiveConfig:
     shift: float = 1.0                      # flow: sigma -> shift*s / (1 + (shift-1)*s) (Wan uses 3..5)
     num_train_timesteps: int = 1000
     class_dropout: float = 0.1              # probability of the null class / empty prompt (for guidance)
+    flow_weight: float = 1.0                # weight of the flow (or ddpm) loss; 0: distillation alone
     size_weighting: float = 0.0             # mixed clip sizes: a batch's mean loss x (its clip's pixels / the
                                             # configured size's: data.num_frames x data.resolution^2) ** this.
                                             # 0: every batch counts alike, so a pixel of a small clip weighs
@@ -182,7 +187,7 @@ class TrainConfig:
 
 _CHOICES = {"task": TASKS, "objective.kind": OBJECTIVES, "objective.timestep_sampling": TIMESTEP_SAMPLING,
             "train.mixed_precision": PRECISIONS, "data.dataset": DATASETS, "optim.schedule": SCHEDULES,
-            "finetune.mode": FINETUNE_MODES, "train.distributed": DISTRIBUTED, "data.bad_videos": BAD_VIDEOS}
+            "finetune.mode": FINETUNE_MODES, "finetune.teacher_caption": TEACHER_CAPTIONS, "train.distributed": DISTRIBUTED, "data.bad_videos": BAD_VIDEOS}
 
 
 def _valid_keys(node_type, dotted: str) -> list[str]:
@@ -234,6 +239,7 @@ _RANGES = {
     "objective.class_dropout": (lambda v: _finite(v) and 0 <= v <= 1, "a probability in [0, 1]"),
     "objective.logit_std": (lambda v: _finite(v) and v > 0, "a number > 0"),
     "objective.shift": (lambda v: _finite(v) and v > 0, "a number > 0"),
+    "objective.flow_weight": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: distillation alone)"),
     "objective.size_weighting": (lambda v: _finite(v) and 0 <= v <= 2, "a number in [0, 2] (0: off, 1: per pixel)"),
     "objective.num_train_timesteps": (lambda v: v >= 1, "an int >= 1"),
     "data.resolution": (lambda v: v >= 1, "an int >= 1"),
@@ -324,9 +330,19 @@ def check_config(cfg) -> None:
     if cfg.finetune.mode == "convert" and cfg.model.attention is None:
         raise ConfigError("finetune.mode='convert' needs model.attention (e.g. mhla or wan-mhla-h)",
                           key="finetune.mode")
-    if cfg.finetune.distill_weight > 0 and cfg.finetune.mode != "convert":
-        raise ConfigError("finetune.distill_weight > 0 applies only with finetune.mode='convert'",
-                          key="finetune.distill_weight")
+    ft = cfg.finetune
+    if ft.distill_weight > 0 and not (ft.mode == "convert" or ft.mode == "full" and ft.teacher_caption == "template"):
+        raise ConfigError(f"finetune.distill_weight={ft.distill_weight} applies only with finetune.mode='convert' "
+                          f"(the softmax teacher), or 'full' with finetune.teacher_caption='template'; "
+                          f"finetune.mode is {ft.mode!r}", key="finetune.distill_weight")
+    if ft.teacher_caption == "template" and not (ft.distill_weight > 0 and cfg.task == "text-to-video"
+                                                 and cfg.data.dataset == "moving-mnist"):
+        raise ConfigError("finetune.teacher_caption='template' needs finetune.distill_weight > 0, task="
+                          "'text-to-video' and data.dataset='moving-mnist' (the clips with a template caption)",
+                          key="finetune.teacher_caption")
+    if cfg.objective.flow_weight == 0 and ft.distill_weight == 0:
+        raise ConfigError("objective.flow_weight=0 with finetune.distill_weight=0 leaves nothing to train: set "
+                          "either > 0", key="objective.flow_weight")
     resume = cfg.checkpoint.resume
     if cfg.overwrite_output_dir and resume is not None:
         raise ConfigError(f"overwrite_output_dir=true deletes the run in output_dir; checkpoint.resume={resume!r} "

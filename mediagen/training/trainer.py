@@ -3,7 +3,7 @@
     for step in start+1 .. max_steps:
         for each micro-batch m of this process:
             x0 = latents(pixels); x_t, t, target = objective(x0, seed, step, positions)
-            loss = mse(model(x_t, t, condition), target) [+ w * mse(model, teacher)]
+            loss = f * mse(model(x_t, t, condition), target) [+ w * mse(model, teacher(x_t, t, condition or template))]
             backward(loss / accumulation)          (gradients synchronised on the last micro-batch)
         (sequence parallel: sum the processes' gradient shares)
         clip, AdamW step, LR schedule step, Mc clipping (MHLA), EMA update
@@ -179,14 +179,14 @@ def _disable_builtin_label_dropout(model) -> None:
             m.dropout_prob = 0.0
 
 
-def predict(run: Run, model, inputs, timesteps, batch, drop, device):
+def predict(run: Run, model, inputs, timesteps, batch, drop, device, caption_key: str = "caption"):
     comp = run.components
     if comp.task == "class-to-image":
         null = model.config.num_embeds_ada_norm if hasattr(model, "config") else run.unwrapped.config.num_embeds_ada_norm
         labels = torch.where(drop, torch.full_like(batch["label"], null), batch["label"].to(device))
         out = model(inputs, timestep=timesteps, class_labels=labels, return_dict=False)[0]
     else:
-        captions = ["" if d else c for c, d in zip(batch["caption"], drop.tolist())]
+        captions = ["" if d else c for c, d in zip(batch[caption_key], drop.tolist())]
         context = run.conditioner.text_states(captions, device)
         out = model(hidden_states=inputs, timestep=timesteps, encoder_hidden_states=context, return_dict=False)[0]
     channels = inputs.shape[1]
@@ -209,11 +209,16 @@ def compute_loss(run: Run, batch, step: int, positions: list[int]):
         weight = size_weight(run.cfg, batch)
         distill = None
         if run.components.teacher is not None:
+            # teacher_caption=template: the teacher reads the clip's template caption, so the student learns
+            # to read any wording of it as the template (the same noise, timestep and dropped prompts)
+            key = ("template_caption" if run.cfg.finetune.teacher_caption == "template" and "template_caption" in batch
+                   else "caption")  # without varied captions (data.varied_captions=0) every caption is the template
             with torch.no_grad():
                 teacher = predict(run, run.components.teacher, noised.inputs, noised.timesteps, batch, noised.drop,
-                                  device)
+                                  device, key)
             distill = F.mse_loss(pred.float(), teacher.float())
-    total = loss if distill is None else loss + run.cfg.finetune.distill_weight * distill
+    flow = run.cfg.objective.flow_weight
+    total = flow * loss if distill is None else flow * loss + run.cfg.finetune.distill_weight * distill
     return total * weight if weight != 1.0 else total, loss.detach(), distill
 
 

@@ -47,8 +47,9 @@ def collate(items: list[dict]) -> dict:
     batch = {"pixels": torch.stack([it["pixels"] for it in items])} if "pixels" in items[0] else {}
     if "label" in items[0]:
         batch["label"] = torch.tensor([it["label"] for it in items])
-    if "caption" in items[0]:
-        batch["caption"] = [it["caption"] for it in items]
+    for key in ("caption", "template_caption"):
+        if key in items[0]:
+            batch[key] = [it[key] for it in items]
     for key in ("latents", "text_embeds", "text_mask"):
         if key in items[0]:
             batch[key] = torch.stack([it[key] for it in items])

@@ -226,7 +226,8 @@ def caption_corpus(count: int, seed: int = 0, two_digits: float = 0.5, still: fl
 
 class VariedCaptions(Dataset):
     """A ``MovingMNISTDataset`` whose clip ``i`` is captioned in a varied wording with probability
-    ``share``, else keeps its template caption. The choice and the wording come from a generator seeded
+    ``share``, else keeps its template caption (kept too as ``template_caption``, which a teacher reads with
+    ``finetune.teacher_caption=template``). The choice and the wording come from a generator seeded
     with (seed, i, 2), apart from the generators of the clip's content (``plan``) and its stillness, so
     the pixels do not change and a resumed run sees the same captions.
 
@@ -255,10 +256,12 @@ class VariedCaptions(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         item = dict(self.dataset[i])
+        item["template_caption"] = item["caption"]
         item["caption"] = self.caption(i, item["caption"])
         return item
 
     def render_batch(self, indices, device) -> dict:
         batch = self.dataset.render_batch(indices, device)
+        batch["template_caption"] = batch["caption"]
         batch["caption"] = [self.caption(int(i), c) for i, c in zip(indices, batch["caption"])]
         return batch
