@@ -187,7 +187,8 @@ class TrainConfig:
 
 _CHOICES = {"task": TASKS, "objective.kind": OBJECTIVES, "objective.timestep_sampling": TIMESTEP_SAMPLING,
             "train.mixed_precision": PRECISIONS, "data.dataset": DATASETS, "optim.schedule": SCHEDULES,
-            "finetune.mode": FINETUNE_MODES, "finetune.teacher_caption": TEACHER_CAPTIONS, "train.distributed": DISTRIBUTED, "data.bad_videos": BAD_VIDEOS}
+            "finetune.mode": FINETUNE_MODES, "finetune.teacher_caption": TEACHER_CAPTIONS,
+            "train.distributed": DISTRIBUTED, "data.bad_videos": BAD_VIDEOS}
 
 
 def _valid_keys(node_type, dotted: str) -> list[str]:
