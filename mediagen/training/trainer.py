@@ -217,8 +217,9 @@ def compute_loss(run: Run, batch, step: int, positions: list[int]):
                 teacher = predict(run, run.components.teacher, noised.inputs, noised.timesteps, batch, noised.drop,
                                   device, key)
             distill = F.mse_loss(pred.float(), teacher.float())
-    flow = run.cfg.objective.flow_weight
-    total = flow * loss if distill is None else flow * loss + run.cfg.finetune.distill_weight * distill
+    total = run.cfg.objective.flow_weight * loss
+    if distill is not None:
+        total = total + run.cfg.finetune.distill_weight * distill
     return total * weight if weight != 1.0 else total, loss.detach(), distill
 
 
