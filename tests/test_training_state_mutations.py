@@ -52,9 +52,10 @@ def test_gradient_accumulation_trains_like_one_batch(tmp_path, distill):
         for k in keys:
             assert acc[s][k] == pytest.approx(one[s][k], rel=1e-3), (s, k)
     assert one[1]["grad_norm"] > 0
-    assert w_acc.keys() == w_one.keys()
-    for k in w_one:
-        torch.testing.assert_close(w_acc[k], w_one[k], rtol=1e-3, atol=1e-4)
+    assert w_acc.keys() == w_one.keys()      # the same weights, to the rounding of the split sums
+    diff = math.sqrt(sum(float(((w_acc[k] - w_one[k]).double() ** 2).sum()) for k in w_one))
+    norm = math.sqrt(sum(float((w.double() ** 2).sum()) for w in w_one.values()))
+    assert diff < 1e-4 * norm
 
 
 def _adam_first_moments_norm(folder) -> float:
