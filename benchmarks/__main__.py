@@ -35,6 +35,7 @@ TOOLS = {
     "dit_samples_grid": "picture of class-conditional digit samples, one band per model (docs/RESULTS.md)",
     "fid_curve": "FID / KID of a training run's checkpoints, step by step",
     "time_reversal": "how far a text-to-video model tells a clip from its reverse; the caption-direction gap",
+    "caption_reliance": "how much a video model's digit pixels depend on the caption's digit, by noise level",
     "distill_text_encoders": "distil the shipped MLRA / HLA text encoders from MiniLM",
     "encoder_clips": "a video model's clips through each text encoder, drawn as the app draws them, scored",
     "dense_grad_cases": "the dense backward's half-precision gradients against fp64, launch variant by variant",

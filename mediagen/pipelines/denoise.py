@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .schedulers import timestep_options
+
 
 def guided(pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
     """Classifier-free guidance on a batch laid out [unconditional; conditional]."""
@@ -24,7 +26,8 @@ def run_denoising(pipe, latents, predict, num_inference_steps: int, device, stat
     callback ``f(pipe, step, t, {name: tensor})`` returns a dict of replacements, as in diffusers.
     """
     scheduler = pipe.scheduler
-    scheduler.set_timesteps(num_inference_steps, device=device)
+    scheduler.set_timesteps(num_inference_steps, device=device,
+                            **timestep_options(scheduler, pipe.transformer.config.patch_size, latents.shape))
     timesteps = scheduler.timesteps
     pipe._num_timesteps = len(timesteps)
     pipe._interrupt = False

@@ -85,6 +85,10 @@ class ObjectiveConfig:
     logit_mean: float = 0.0
     logit_std: float = 1.0
     shift: float = 1.0                      # flow: sigma -> shift*s / (1 + (shift-1)*s) (Wan uses 3..5)
+    max_shift: Optional[float] = None       # flow: the shift follows a batch's token count, ln(shift) at
+    shift_seq_len: list[int] = field(default_factory=lambda: [256, 4096])  # shift_seq_len[0] tokens to
+                                            # ln(max_shift) at shift_seq_len[1], linear in between, held beyond
+                                            # (diffusers' dynamic shifting); the exported scheduler samples so
     num_train_timesteps: int = 1000
     class_dropout: float = 0.1              # probability of the null class / empty prompt (for guidance)
     flow_weight: float = 1.0                # weight of the flow (or ddpm) loss; 0: distillation alone
@@ -307,6 +311,17 @@ def check_config(cfg) -> None:
     if cfg.data.dataset == "latent-cache" and not cfg.data.cache_dir:
         raise ConfigError("data.cache_dir is required with data.dataset='latent-cache' (the folder of encoded clips: "
                           "training/data/latent_cache.py)", key="data.cache_dir")
+    if cfg.objective.max_shift is not None:
+        m = cfg.objective.max_shift
+        if cfg.objective.kind != "flow" or isinstance(m, bool) or not isinstance(m, (int, float)) or not _finite(m) \
+                or m <= 0:
+            raise ConfigError(f"objective.max_shift={m!r} is not allowed: use a number > 0 with objective.kind="
+                              f"'flow', or null (one shift at every size)", key="objective.max_shift")
+        lens = list(cfg.objective.shift_seq_len)
+        if len(lens) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in lens) \
+                or not 0 < lens[0] < lens[1]:
+            raise ConfigError(f"objective.shift_seq_len={lens} is not allowed: use two token counts [low, high] with "
+                              f"0 < low < high", key="objective.shift_seq_len")
     if cfg.data.dataset == "latent-cache" and cfg.objective.size_weighting:
         raise ConfigError(f"objective.size_weighting={cfg.objective.size_weighting} is not allowed with "
                           "data.dataset='latent-cache': it weighs batches by their pixels, which encoded clips do "

@@ -22,8 +22,11 @@ from .lora import fuse_lora_, save_lora
 DEFAULT_PROMPTS = ["the digit 3 moves left", "the digit 7 moves down"]
 
 
-def make_pipeline(components, transformer, scheduler: str, shift: float):
-    sched = make_scheduler(scheduler, shift)
+def make_pipeline(components, transformer, scheduler: str, objective):
+    """The pipeline around ``transformer``, its scheduler set as ``objective`` (the run's objective config)
+    trained: the same shift, or the same token-count rule (``objective.max_shift``)."""
+    max_shift = getattr(objective, "max_shift", None) if scheduler == "flow-euler" else None
+    sched = make_scheduler(scheduler, objective.shift, max_shift, tuple(objective.shift_seq_len) if max_shift else None)
     if components.task == "class-to-image":
         return ClassConditionalImagePipeline(transformer=transformer, scheduler=sched, vae=components.vae)
     cls = TextToImagePipeline if components.task == "text-to-image" else TextToVideoPipeline
@@ -51,7 +54,7 @@ def write_samples(run, step: int, folder: Path | None, writer=None) -> list[Path
     ctx = run.ema.applied(model) if run.ema is not None else nullcontext()
     paths = []
     with ctx:
-        pipe = make_pipeline(comp, model, run.objective.sampling_scheduler(), cfg.objective.shift)
+        pipe = make_pipeline(comp, model, run.objective.sampling_scheduler(), cfg.objective)
         pipe.set_progress_bar_config(disable=True)
         g = torch.Generator().manual_seed(cfg.train.seed)
         lg = cfg.logging
@@ -104,7 +107,7 @@ def save_final_pipeline(run, folder: Path) -> Path:
     ctx = run.ema.applied(run.unwrapped) if run.ema is not None else nullcontext()
     with ctx:
         model = merged_copy(run.unwrapped, run.components.is_lora)
-    pipe = make_pipeline(run.components, model, run.objective.sampling_scheduler(), run.cfg.objective.shift)
+    pipe = make_pipeline(run.components, model, run.objective.sampling_scheduler(), run.cfg.objective)
     save_pipeline_atomically(pipe, folder)
     if run.components.is_lora:
         save_lora(run.unwrapped, folder.parent / "lora")
@@ -142,6 +145,6 @@ def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = No
                 params[name].copy_(value)
     model = merged_copy(model, comp.is_lora)
     objective = Objective(cfg.objective)
-    pipe = make_pipeline(comp, model, objective.sampling_scheduler(), cfg.objective.shift)
+    pipe = make_pipeline(comp, model, objective.sampling_scheduler(), cfg.objective)
     folder = Path(folder) if folder is not None else Path(cfg.output_dir) / f"pipeline-step-{step}"
     return save_pipeline_atomically(pipe, folder)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..pipelines.schedulers import shift_for_tokens
+
 
 def sample_key(seed: int, step: int, position: int) -> int:
     # a fixed mixing of the three numbers into one 63-bit seed
@@ -46,16 +48,28 @@ class Objective:
         betas = torch.linspace(1e-4, 0.02, T, dtype=torch.float64)
         self.alphas_cumprod = torch.cumprod(1.0 - betas, dim=0).float()
 
-    def flow_sigma(self, g: torch.Generator) -> torch.Tensor:
+    def flow_sigma(self, g: torch.Generator, shift: float | None = None) -> torch.Tensor:
         c = self.cfg
+        shift = c.shift if shift is None else shift
         if c.timestep_sampling == "logit-normal":
             u = torch.sigmoid(c.logit_mean + c.logit_std * torch.randn((), generator=g))
         else:
             u = torch.rand((), generator=g)
-        return c.shift * u / (1.0 + (c.shift - 1.0) * u)
+        return shift * u / (1.0 + (shift - 1.0) * u)
 
-    def noise(self, x0: torch.Tensor, seed: int, step: int, positions: list[int]) -> NoisedBatch:
-        """x0 (B, ...) clean latents; positions: each sample's index in the step's global batch."""
+    def shift(self, tokens: int | None) -> float:
+        """The flow shift for a batch of ``tokens``-token samples (``objective.max_shift``: by the token count, as
+        the exported scheduler samples; else ``objective.shift``)."""
+        c = self.cfg
+        if getattr(c, "max_shift", None) is None or tokens is None:
+            return c.shift
+        return shift_for_tokens(tokens, c.shift, c.max_shift, tuple(c.shift_seq_len))
+
+    def noise(self, x0: torch.Tensor, seed: int, step: int, positions: list[int], tokens: int | None = None) \
+            -> NoisedBatch:
+        """x0 (B, ...) clean latents; positions: each sample's index in the step's global batch; tokens: the
+        transformer tokens of one sample (sets the shift under ``objective.max_shift``)."""
+        shift = self.shift(tokens)
         noises, ts, drops = [], [], []
         on_cpu = x0.device.type == "cpu"
         for pos in positions:
@@ -66,7 +80,7 @@ class Objective:
             noise_gen = g if on_cpu else sample_generator(seed, step, pos, x0.device)
             noises.append(torch.randn(x0.shape[1:], generator=noise_gen, device=x0.device))
             if self.cfg.kind == "flow":
-                ts.append(self.flow_sigma(g))
+                ts.append(self.flow_sigma(g, shift))
             else:
                 ts.append(torch.randint(0, self.cfg.num_train_timesteps, (), generator=g).float())
             drops.append(bool(torch.rand((), generator=g) < self.cfg.class_dropout))

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..attention import register_mix_clipping
 from ..attention.sequence_parallel import sum_gradients
+from ..pipelines.schedulers import latent_tokens
 from . import checkpoint as ckpt
 from .components import Components, build_components
 from .conditioning import Conditioner
@@ -200,7 +201,8 @@ def compute_loss(run: Run, batch, step: int, positions: list[int]):
           else run.conditioner.latents(batch["pixels"], batch["index"], device))
     if run.components.task == "text-to-image" and x0.dim() == 4:
         x0 = x0.unsqueeze(2)  # a Wan transformer sees an image as a one-frame video
-    noised = run.objective.noise(x0.float(), run.cfg.train.seed, step, positions)
+    tokens = latent_tokens(run.unwrapped.config.patch_size, x0.shape) if run.cfg.objective.max_shift else None
+    noised = run.objective.noise(x0.float(), run.cfg.train.seed, step, positions, tokens)
     if "label" in batch:
         batch["label"] = batch["label"].to(device)
     with run.autocast():
