@@ -59,11 +59,12 @@ def latent_tokens(patch_size, latent_shape) -> int:
 
 
 def timestep_options(scheduler, patch_size, latent_shape) -> dict:
-    """Extra ``set_timesteps`` arguments: ``mu`` for a scheduler configured for dynamic shifting."""
+    """Extra ``set_timesteps`` arguments: ``mu`` for a scheduler configured for dynamic shifting.
+    ``patch_size`` may be a callable returning it (read only when needed)."""
     config = scheduler.config
     if not getattr(config, "use_dynamic_shifting", False):
         return {}
-    tokens = latent_tokens(patch_size, latent_shape)
+    tokens = latent_tokens(patch_size() if callable(patch_size) else patch_size, latent_shape)
     return {"mu": _log_shift(tokens, config.base_shift, config.max_shift, config.base_image_seq_len,
                              config.max_image_seq_len)}
 
