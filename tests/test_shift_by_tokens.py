@@ -36,11 +36,11 @@ def test_rule_is_log_linear_in_tokens():
 @pytest.mark.parametrize("tokens, shape", [(1024, (1, 1, 16, 64, 64)), (8192, (1, 1, 32, 128, 128))])
 def test_scheduler_samples_each_size_with_its_shift(tokens, shape):
     sched = make_scheduler("flow-euler", 3.0, 8.5, (1024, 8192))
-    sched.set_timesteps(8, **timestep_options(sched, (1, 8, 8), shape))
+    sched.set_timesteps(8, **timestep_options(sched, SimpleNamespace(patch_size=(1, 8, 8)), shape))
     plain = torch.linspace(1.0, 1 / 1000, 8)
     expected = shifted(plain, shift_for_tokens(tokens, 3.0, 8.5, (1024, 8192)))
     assert torch.allclose(sched.sigmas[:-1], expected, atol=1e-5)
-    assert timestep_options(make_scheduler("flow-euler", 3.0), (1, 8, 8), shape) == {}
+    assert timestep_options(make_scheduler("flow-euler", 3.0), SimpleNamespace(patch_size=(1, 8, 8)), shape) == {}
     with pytest.raises(ValueError, match="max_shift=8.5 is not allowed with scheduler='flow-unipc'"):
         make_scheduler("flow-unipc", 3.0, 8.5)
 

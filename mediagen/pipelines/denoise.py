@@ -27,7 +27,7 @@ def run_denoising(pipe, latents, predict, num_inference_steps: int, device, stat
     """
     scheduler = pipe.scheduler
     scheduler.set_timesteps(num_inference_steps, device=device,
-                            **timestep_options(scheduler, lambda: pipe.transformer.config.patch_size, latents.shape))
+                            **timestep_options(scheduler, pipe.transformer.config, latents.shape))
     timesteps = scheduler.timesteps
     pipe._num_timesteps = len(timesteps)
     pipe._interrupt = False

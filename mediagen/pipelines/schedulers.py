@@ -58,13 +58,13 @@ def latent_tokens(patch_size, latent_shape) -> int:
     return positions // math.prod(patch_size)
 
 
-def timestep_options(scheduler, patch_size, latent_shape) -> dict:
-    """Extra ``set_timesteps`` arguments: ``mu`` for a scheduler configured for dynamic shifting.
-    ``patch_size`` may be a callable returning it (read only when needed)."""
+def timestep_options(scheduler, transformer_config, latent_shape) -> dict:
+    """Extra ``set_timesteps`` arguments: ``mu`` for a scheduler configured for dynamic shifting (the token count
+    from the transformer config's ``patch_size``, read only then)."""
     config = scheduler.config
     if not getattr(config, "use_dynamic_shifting", False):
         return {}
-    tokens = latent_tokens(patch_size() if callable(patch_size) else patch_size, latent_shape)
+    tokens = latent_tokens(transformer_config.patch_size, latent_shape)
     return {"mu": _log_shift(tokens, config.base_shift, config.max_shift, config.base_image_seq_len,
                              config.max_image_seq_len)}
 

@@ -25,8 +25,7 @@ DEFAULT_PROMPTS = ["the digit 3 moves left", "the digit 7 moves down"]
 def make_pipeline(components, transformer, scheduler: str, objective):
     """The pipeline around ``transformer``, its scheduler set as ``objective`` (the run's objective config)
     trained: the same shift, or the same token-count rule (``objective.max_shift``)."""
-    max_shift = getattr(objective, "max_shift", None) if scheduler == "flow-euler" else None
-    sched = make_scheduler(scheduler, objective.shift, max_shift, tuple(objective.shift_seq_len) if max_shift else None)
+    sched = make_scheduler(scheduler, objective.shift, objective.max_shift, tuple(objective.shift_seq_len))
     if components.task == "class-to-image":
         return ClassConditionalImagePipeline(transformer=transformer, scheduler=sched, vae=components.vae)
     cls = TextToImagePipeline if components.task == "text-to-image" else TextToVideoPipeline
