@@ -25,6 +25,8 @@ BENCHMARKS = {
                           "wait), from a YAML config's run under torch.profiler",
     "sequence_parallel": "sequence-parallel MHLA on several GPUs (torchrun): agreement with one GPU, bytes sent per "
                          "layer, the Wan-1.3B-sized forward and training step against one GPU",
+    "saved_activations": "bytes a Wan2.1-1.3B-sized MHLA block saves for backward, output norm + projection fused "
+                         "and apart (--peak: a checkpointed training step's peak on a GPU)",
 }
 # the other scripts here: runs that produce the docs' samples, scores and checkpoints, called by the GPU scripts
 TOOLS = {

@@ -19,6 +19,10 @@ Per layer, with x the layer's input and q, k, v (B, N, H, D) from the layer's ow
     o = o + DWConv(v over the grid)            if cpe_kernel
     out = to_out(o)
 
+With gradients on and nothing between the norm and to_out (no gate, no CPE), the norm and to_out[0] run as one
+autograd function that recomputes the norm's output in backward instead of saving it (``models.norm_linear``;
+``GridSelfAttnProcessor.fuse_out_norm_linear``).
+
 The official Wan MHLA layer is out_norm="per_head" (+ out_gate when gated); the official DiT MHLA layer is
 in_norm=True with cpe_kernel=3 (``models.official`` loads their checkpoints).
 
@@ -36,6 +40,8 @@ from torch import nn
 from ..kernels.mhla.op import resolve_backend
 from . import attention_registry as registry
 from .attention_spec import AttentionSpec
+from .norm_linear import FLOAT_DTYPES, rms_norm_linear
+from .norms import CastRMSNorm
 
 try:  # triton ships with CUDA builds of torch on Linux; elsewhere the CPE is the conv
     from ..kernels.cpe import cpe_add
@@ -82,6 +88,13 @@ _last_rope_tables = None
 class GridSelfAttnProcessor(nn.Module):
     """Self-attention processor around a registered attention's core; subclasses say how q, k, v are projected."""
 
+    # Training (gradients on) with an output norm directly before the output projection: the norm and
+    # ``attn.to_out[0]`` run as one autograd function (``models.norm_linear``) that saves the norm's input and
+    # per-row rstd and recomputes the normalised output in backward, where the two modules apart also keep
+    # that output (saved by the linear for its weight gradient): one activation of the layer's (B, N, C) size
+    # less per layer, same values and gradients. False on an instance runs the modules apart (an A/B switch).
+    fuse_out_norm_linear = True
+
     def __init__(self, kind: str, spec: AttentionSpec, *, heads: int, head_dim: int, query_dim: int,
                  ndim: int, grids):
         super().__init__()
@@ -117,8 +130,11 @@ class GridSelfAttnProcessor(nn.Module):
     def project_qkv(self, attn, x):  # -> q, k, v (B, N, H, D)
         raise NotImplementedError
 
-    def project_out(self, attn, o, residual):
+    def finish_out(self, attn, h, residual):  # what follows attn.to_out[0] (h = to_out[0](o))
         raise NotImplementedError
+
+    def project_out(self, attn, o, residual):
+        return self.finish_out(attn, attn.to_out[0](o), residual)
 
     # --- shared -----------------------------------------------------------------------------
     def _cpe(self, v, grid):
@@ -189,6 +205,11 @@ class GridSelfAttnProcessor(nn.Module):
                 o = self.core(q, k, v, grid, rope=rope, cpe=(self.cpe.weight, self.cpe.bias)).flatten(2)
                 return self.project_out(attn, o.type_as(q), residual)
             o = self.core(q, k, v, grid, rope=rope)
+        if self._out_norm_linear_fusable(attn, o):  # to_out[0](out_norm(o), flattened, type_as(q)), as below
+            x = o if self.out_norm_per_head else o.flatten(2)
+            h = rms_norm_linear(x, self._out_norm_weight(x), self.out_norm.eps, attn.to_out[0].weight,
+                                attn.to_out[0].bias, flatten_heads=self.out_norm_per_head, linear_input_dtype=q.dtype)
+            return self.finish_out(attn, h, residual)
         if self.out_norm is not None and self.out_norm_per_head:
             o = self.out_norm(o)
         o = o.flatten(2)
@@ -199,6 +220,32 @@ class GridSelfAttnProcessor(nn.Module):
         if self.cpe is not None:
             o = self._add_cpe(o, v.flatten(2), grid)
         return self.project_out(attn, o.type_as(q), residual)
+
+    def _out_norm_linear_fusable(self, attn, o) -> bool:
+        """Whether ``out_norm`` then ``to_out[0]`` may run as ``norm_linear.rms_norm_linear``: only where that is
+        the same computation. Gradients are taken (sampling keeps the modules: nothing is saved there); nothing
+        sits between the two (no gate, no CPE); the norm is torch's RMSNorm (or the training components'
+        ``CastRMSNorm``) with a weight; ``to_out[0]`` is exactly ``nn.Linear`` (a LoRA / PEFT wrapper, a
+        parametrised or quantised layer computes something else) and neither module has hooks (they would not
+        run); ``project_out`` is this class's (to_out[0] then ``finish_out``); fp16 / bf16 / fp32 tensors."""
+        norm, linear = self.out_norm, attn.to_out[0]
+        if not self.fuse_out_norm_linear or norm is None or self.out_gate is not None or self.cpe is not None:
+            return False
+        if type(norm) not in (nn.RMSNorm, CastRMSNorm) or norm.weight is None or type(linear) is not nn.Linear:
+            return False
+        if type(self).project_out is not GridSelfAttnProcessor.project_out or _has_hooks(norm) or _has_hooks(linear):
+            return False
+        if any(t.dtype not in FLOAT_DTYPES for t in (o, norm.weight, linear.weight)):
+            return False
+        return torch.is_grad_enabled() and (o.requires_grad or norm.weight.requires_grad or linear.weight.requires_grad
+                                            or (linear.bias is not None and linear.bias.requires_grad))
+
+    def _out_norm_weight(self, x):
+        """The weight ``self.out_norm(x)`` multiplies by: ``CastRMSNorm`` casts it to x's dtype (models.norms)."""
+        weight = self.out_norm.weight
+        if type(self.out_norm) is CastRMSNorm and weight.dtype != x.dtype:
+            weight = weight.to(x.dtype)
+        return weight
 
     def _cpe_in_core(self, q, k, v) -> bool:
         """Whether the core adds the CPE itself (MHLA's op: its dense forward then adds it before storing o: one
@@ -231,6 +278,14 @@ class GridSelfAttnProcessor(nn.Module):
         return f"kind={self.kind!r}, rope_features={self.rope_features}{per_head}"
 
 
+def _has_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs hooks besides its forward (its own or the global module hooks)."""
+    m = torch.nn.modules.module
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or m._global_forward_hooks or m._global_forward_pre_hooks
+                or m._global_backward_hooks or m._global_backward_pre_hooks)
+
+
 class WanMHLAProcessor(GridSelfAttnProcessor):
     """For ``WanAttention`` self-attention (``attn1``): q/k RMSNorm across all heads, RoPE per Wan."""
 
@@ -242,8 +297,8 @@ class WanMHLAProcessor(GridSelfAttnProcessor):
         q, k = attn.norm_q(q), attn.norm_k(k)
         return tuple(t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
 
-    def project_out(self, attn, o, residual):
-        return attn.to_out[1](attn.to_out[0](o))
+    def finish_out(self, attn, h, residual):
+        return attn.to_out[1](h)
 
 
 class SanaMHLAProcessor(GridSelfAttnProcessor):
@@ -258,8 +313,8 @@ class SanaMHLAProcessor(GridSelfAttnProcessor):
             k = attn.norm_k(k)
         return tuple(t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
 
-    def project_out(self, attn, o, residual):
-        return attn.to_out[1](attn.to_out[0](o))
+    def finish_out(self, attn, h, residual):
+        return attn.to_out[1](h)
 
 
 class DiTMHLAProcessor(GridSelfAttnProcessor):
@@ -277,8 +332,8 @@ class DiTMHLAProcessor(GridSelfAttnProcessor):
             k = attn.norm_k(k)
         return q, k, v
 
-    def project_out(self, attn, o, residual):
-        o = attn.to_out[1](attn.to_out[0](o))
+    def finish_out(self, attn, h, residual):
+        o = attn.to_out[1](h)
         if attn.residual_connection:
             o = o + residual
         # (a division by 1 is still a launch, and eager sampling of a small DiT is bound by the host's launches)
