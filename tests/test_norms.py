@@ -36,7 +36,16 @@ def test_fp32_input_gives_the_same_values_and_gradients():
     torch.testing.assert_close(gw1, gw0)
 
 
-def test_bf16_input_with_fp32_weight_stays_fused_and_close_to_the_composite():
+@pytest.fixture
+def warn_always():
+    """torch warns of the composite fallback once a process (TORCH_WARN_ONCE); every time while this runs."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    yield
+    torch.set_warn_always(before)
+
+
+def test_bf16_input_with_fp32_weight_stays_fused_and_close_to_the_composite(warn_always):
     plain, cast = _pair(seed=1)
     x = torch.randn(64, 48).to(torch.bfloat16).requires_grad_(True)
     with warnings.catch_warnings(record=True) as caught:
