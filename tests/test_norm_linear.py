@@ -7,6 +7,7 @@ under torch.compile."""
 import pytest
 import torch
 import torch.nn.functional as F
+from benchmarks.saved_activations import saved_bytes
 from models_fixtures import dit_inputs, tiny_dit, tiny_wan, wan_inputs
 from torch import nn
 
@@ -194,30 +195,6 @@ def test_sampling_and_non_plain_layers_keep_the_unfused_code(fused_calls):
 
 
 # --- bytes saved for backward -----------------------------------------------------------------------------------
-
-def saved_bytes(model, module, inputs, autocast=False):
-    """Bytes of the distinct tensors (by storage) autograd saves during ``module``'s forward inside the model's
-    forward, parameters excluded (they are held anyway)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    pre = module.register_forward_pre_hook(lambda *a: hooks.__enter__())
-    post = module.register_forward_hook(lambda *a: hooks.__exit__(None, None, None))
-    try:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            model(**inputs)
-    finally:
-        pre.remove()
-        post.remove()
-    return sum(storages.values())
-
 
 @pytest.mark.parametrize("out_norm,autocast", [("per_head", False), (True, True)])
 def test_fused_layer_saves_at_least_one_activation_less(out_norm, autocast):
