@@ -87,12 +87,14 @@ def main(argv=None) -> int:
     two = any(" while " in label for _, labels in panels for label in labels)
     label_w, head_h = (200 if two else 110), 18
     h, w = panels[0][0].shape
-    canvas = Image.new("L", (label_w + len(panels) * (w + 12), h + head_h), 255)
+    titles = [f"{Path(f).stem}: first / middle / last frame" for f in args.npz]
+    col_w = max([w] + [int(ImageDraw.Draw(Image.new("L", (1, 1))).textlength(t)) for t in titles]) + 12
+    canvas = Image.new("L", (label_w + len(panels) * col_w, h + head_h), 255)
     draw = ImageDraw.Draw(canvas)
-    for j, (f, (im, _)) in enumerate(zip(args.npz, panels)):
-        x = label_w + j * (w + 12)
+    for j, (title, (im, _)) in enumerate(zip(titles, panels)):
+        x = label_w + j * col_w
         canvas.paste(Image.fromarray(im), (x, head_h))
-        draw.text((x, 3), f"{Path(f).stem}: first / middle / last frame", fill=0)
+        draw.text((x, 3), title, fill=0)
     row_h = h // (len(args.digits) * len(DIRECTIONS))
     for r, label in enumerate(panels[0][1]):
         short = label.replace("the digit ", "").replace(" while ", " + ")
