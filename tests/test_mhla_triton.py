@@ -146,13 +146,14 @@ def test_dense_backward_reads_what_the_forward_kept(device, monkeypatch):
 
 
 @pytest.mark.parametrize("algorithm", ["chunked", "dense"])
-def test_what_a_backward_reads_is_freed_by_it(device, algorithm):
-    """The op's intermediates (the chunked forward's summaries, the dense forward's 1 / den) are saved tensors:
-    autograd frees them after the backward although the output, and so the graph, lives on (a training loop keeps
-    last step's loss until the next is made)."""
+def test_what_a_backward_reads_is_freed_by_it(device, monkeypatch, algorithm):
+    """The op's intermediates (the chunked forward's summaries where kept, as a sequence-parallel forward keeps
+    them; the dense forward's 1 / den) are saved tensors: autograd frees them after the backward although the
+    output, and so the graph, lives on (a training loop keeps last step's loss until the next is made)."""
     import gc
     import weakref
 
+    monkeypatch.setattr(op_autograd, "_keeps_summaries", lambda algorithm, exchange: True)
     grid, blocks = (6, 8), (2, 2)
     q, k, v = (t.requires_grad_() for t in make(1, grid, 2, 16, torch.float32, device, "relu"))
     o = mhla_triton(q, k, v, torch.rand(4, 4, device=device), grid, blocks, feature_map="relu", algorithm=algorithm)
@@ -161,6 +162,40 @@ def test_what_a_backward_reads_is_freed_by_it(device, algorithm):
     o.sum().backward()
     gc.collect()
     assert kept() is None and o.grad_fn is not None
+
+
+@pytest.mark.parametrize("rope,dtype", [(False, torch.float32), (True, torch.bfloat16)])
+def test_chunked_backward_makes_the_summaries_again(device, monkeypatch, rope, dtype):
+    """The chunked forward saves no summaries for its backward, which makes them again with the forward's own
+    launches: the gradients equal those from kept summaries bit for bit, and nothing of a summary's size is saved."""
+    grid, blocks, H, D = (6, 8), (2, 2), 2, 16
+    q, k, v = make(1, grid, H, D, dtype, device, "relu")
+    mix = torch.rand(4, 4, device=device)
+    tables = rope_tables(math.prod(grid), D, device) if rope else None
+    g = torch.randn(q.shape, device=device, dtype=dtype)
+
+    def run():
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+        o = mhla_triton(*inputs, grid, blocks, feature_map="relu", algorithm="chunked", rope=tables)
+        saved = o.grad_fn.saved_tensors
+        return o, saved[5:7], torch.autograd.grad(o, inputs, g)
+
+    o, (sz, mixed), grads = run()
+    assert sz is None and mixed is None
+    monkeypatch.setattr(op_autograd, "_keeps_summaries", lambda algorithm, exchange: True)
+    o_kept, (sz, mixed), grads_kept = run()
+    assert sz.numel() > 0 and mixed.numel() > 0 and sz.dtype == torch.float32
+    assert torch.equal(o, o_kept)
+    for name, a, b in zip("qkvm", grads, grads_kept):
+        assert torch.equal(a, b), name
+    # traced: the custom op's autograd saves empty summaries and its backward makes them again
+    monkeypatch.undo()
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    layer = torch.compile(lambda q, k, v, m: mhla(q, k, v, m, grid, blocks, feature_map="relu", backend="triton",
+                                                  algorithm="chunked", rope=tables), fullgraph=True, backend="aot_eager")
+    traced = torch.autograd.grad(layer(*inputs), inputs, g)
+    for name, a, b in zip("qkvm", traced, grads_kept):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -181,7 +181,7 @@ class _Plan:
         M, J, X = self.M, self.J, D * D + D
         order, offsets = self.order, self.offsets
         m = self.mix_operand(mix)
-        if self.algorithm == "dense":  # the dense forward kept no summaries
+        if self.algorithm == "dense" or sz is None or sz.numel() == 0:  # the forward kept no summaries
             sz = _run_summary(bp.summary, k, v, order, offsets, cos, sin, torch.float32)
             mixed = _run_mix(*bp.mix, m, sz, sz.dtype)
         dq, dsz_part = _run_query_grad(bp.query_grad, q, g, o, mixed, order, offsets, cos, sin, M, J)
@@ -217,11 +217,11 @@ class _BackwardPlan:
                                                                      g_stride), M, plan.per_head, normalize, eps,
                                             scale, fcode)
             return
-        if plan.algorithm == "dense":  # the summaries are made again here
-            self.summary = _summary_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J,
-                                           fcode, plan.largest)
-            self.mix = _mix_launch(settings, plan.rows_shape, plan.mix_stride, (B, H, M * J, D * D + D),
-                                   torch.float32, J, plan.ieee, False, None, device)
+        # the summaries, made again here where the forward kept none (``_Plan._gradients``)
+        self.summary = _summary_launch(settings, shape, dtype, plan.k_stride, plan.v_stride, tstrides, M, J, fcode,
+                                       plan.largest)
+        self.mix = _mix_launch(settings, plan.rows_shape, plan.mix_stride, (B, H, M * J, D * D + D), torch.float32,
+                               J, plan.ieee, False, None, device)
         self.query_grad = _query_grad_launch(settings, shape, dtype, plan.q_stride, g_stride, tstrides, M, J,
                                              normalize, eps, scale, fcode)
         self.mix_transposed = _mix_launch(settings, plan.rows_shape, plan.mix_stride, (B, H, M, D * D + D),
@@ -299,10 +299,25 @@ def backward_impl(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, f
 
 # ---- eager path ---------------------------------------------------------------------------------
 
+def _keeps_summaries(algorithm: str, exchange) -> bool:
+    """Whether the backward gets the chunked forward's summaries (sz, mixed) saved, or makes them again.
+
+    Kept from forward to backward they are 2 * B * H * M * J * (D^2 + D) fp32 values a layer (at Wan2.1-1.3B's
+    720p, 12 heads of 128 and 150 blocks, about 119 MB per split each), held through the rest of the
+    forward and the backward of the layers after it (under gradient checkpointing, of the recomputed block);
+    made again they cost one summary pass and one mix in the layer's backward, next to its four kernels. The
+    same launches on the same inputs give the same values, so the gradients do not change. Kept: the dense
+    forward's outputs (its row denominators, not summaries) and a sequence-parallel forward's (their gather
+    is a collective)."""
+    return algorithm == "dense" or exchange is not None
+
+
 class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mix, plan, cos, sin, exchange):
         o, sz, mixed = plan.forward(q, k, v, mix, cos, sin, exchange)
+        if not _keeps_summaries(plan.algorithm, exchange):
+            sz = mixed = None
         # (saved tensors, not ctx attributes, for the op's own intermediates too: autograd frees saved tensors after
         # the backward, while a ctx attribute would keep a step's summaries alive as long as its graph)
         ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
@@ -362,6 +377,10 @@ def _(g, q, k, v, mix, o, sz, mixed, grid, blocks, normalize, eps, feature_map, 
 def _setup_context(ctx, inputs, output):
     q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale, algorithm, splits, cos, sin = inputs[:14]
     o, sz, mixed = output
+    if sz.dim() == 4:
+        # the chunked forward's summaries are made again in the backward (``_keeps_summaries``: this op has no
+        # exchange); empty ones of their rank keep the backward op's signature and say "chunked" to it
+        sz, mixed = (t.new_empty((*t.shape[:2], 0, t.shape[-1])) for t in (sz, mixed))
     ctx.save_for_backward(q, k, v, mix, o, sz, mixed, cos, sin)
     ctx.args = (grid, blocks, normalize, eps, feature_map, scale, splits)
 
