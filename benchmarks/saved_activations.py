@@ -77,7 +77,11 @@ def main(argv=None):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.peak and device.type != "cuda":
         parser.error("--peak needs a CUDA device")
-    frames, height, width = (3, 8, 8) if args.tiny else map(int, args.latent.split("x"))
+    try:
+        frames, height, width = (3, 8, 8) if args.tiny else map(int, args.latent.split("x"))
+        blocks = [int(b) for b in args.blocks.split("x")] if args.blocks else None
+    except ValueError:
+        parser.error(f"--latent {args.latent!r} / --blocks {args.blocks!r}: use FxHxW, e.g. 21x90x160 and 3x5x10")
     overrides = dict(num_layers=1)
     if args.tiny:
         overrides.update(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, text_dim=32)
@@ -90,7 +94,6 @@ def main(argv=None):
     for out_norm in norms:
         torch.manual_seed(0)
         model = build_transformer("wan2.1-1.3b", **overrides)
-        blocks = [int(b) for b in args.blocks.split("x")] if args.blocks else None
         mediagen.convert(model, "mhla", rope="features", out_norm=out_norm, grid=grid, blocks=blocks)
         cast_rms_norms(model)  # as the training components do
         model.to(device).train()

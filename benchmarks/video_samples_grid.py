@@ -78,17 +78,23 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    if args.pack:
-        print(f"packed {pack(Path(args.pack), Path(args.out), args.clips_per_seed)} clips into {args.out}")
-        return 0
-    if not args.npz:
-        p.error("give the .npz files to draw, or --pack FOLDER")
-    panels = [panel(Path(f), args.digits, args.seed) for f in args.npz]
+    if args.clips_per_seed is not None and args.clips_per_seed < 1:
+        p.error(f"--clips-per-seed {args.clips_per_seed} is not allowed: use a whole number >= 1")
+    try:
+        if args.pack:
+            print(f"packed {pack(Path(args.pack), Path(args.out), args.clips_per_seed)} clips into {args.out}")
+            return 0
+        if not args.npz:
+            p.error("give the .npz files to draw, or --pack FOLDER")
+        panels = [panel(Path(f), args.digits, args.seed) for f in args.npz]
+    except ValueError as e:
+        p.error(str(e))
     two = any(" while " in label for _, labels in panels for label in labels)
     label_w, head_h = (200 if two else 110), 18
     h, w = panels[0][0].shape
     titles = [f"{Path(f).stem}: first / middle / last frame" for f in args.npz]
-    col_w = max([w] + [int(ImageDraw.Draw(Image.new("L", (1, 1))).textlength(t)) for t in titles]) + 12
+    measure = ImageDraw.Draw(Image.new("L", (1, 1)))
+    col_w = max([w] + [int(measure.textlength(t)) for t in titles]) + 12
     canvas = Image.new("L", (label_w + len(panels) * col_w, h + head_h), 255)
     draw = ImageDraw.Draw(canvas)
     for j, (title, (im, _)) in enumerate(zip(titles, panels)):

@@ -57,3 +57,12 @@ def test_picture_has_a_row_per_digit_and_direction(tmp_path):
 def test_pack_refuses_a_folder_without_clips(tmp_path):
     with pytest.raises(ValueError, match="no <prompt>-<index>.npy"):
         grid.pack(tmp_path, tmp_path / "x.npz")
+
+
+def test_bad_arguments_get_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        grid.main(["--pack", str(tmp_path), "--clips-per-seed", "0", "--out", str(tmp_path / "x.npz")])
+    assert "--clips-per-seed 0 is not allowed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        grid.main(["--pack", str(tmp_path), "--out", str(tmp_path / "x.npz")])
+    assert "no <prompt>-<index>.npy clips" in capsys.readouterr().err
