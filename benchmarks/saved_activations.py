@@ -126,12 +126,13 @@ def main(argv=None):
     for row in rows:
         less = row["apart"] - row["fused"]
         print(f"{row['out_norm']:>9}: saved per block {row['apart'] / mib:.1f} MiB apart, "
-              f"{row['fused'] / mib:.1f} MiB fused, {less / mib:.2f} MiB less; at {args.scale_tokens} tokens "
+              f"{row['fused'] / mib:.1f} MiB fused, {less / 1024:.1f} KiB less; at {args.scale_tokens} tokens "
               f"(x{scale:.2f}): {row['apart'] * scale / mib:.0f} -> {row['fused'] * scale / mib:.0f} MiB, "
               f"{less * scale / mib:.0f} MiB less")
         if args.peak:
             print(f"{'':>9}  step peak {row['peak apart'] / mib:.0f} MiB apart, {row['peak fused'] / mib:.0f} MiB "
                   f"fused ({(row['peak apart'] - row['peak fused']) / mib:.0f} MiB less)")
+    return rows
 
 
 if __name__ == "__main__":
