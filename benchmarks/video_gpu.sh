@@ -23,7 +23,8 @@
 #                                                    # SEEDS (10) at 32x128x128 and at 16x64x64 (SIZES="32x128 16x64"),
 #                                                    # 8 steps, guidance 4, and score them (mediagen vbench) into OUT;
 #                                                    # WORDING=held-out: prompts in wordings never trained on;
-#                                                    # FRAMES=1: first / middle / last frames into OUT too
+#                                                    # FRAMES=1: first / middle / last frames into OUT too;
+#                                                    # STEPS=N, GUIDANCE=G: other sampler settings (tagged)
 #   bash benchmarks/video_gpu.sh calibrate OUT       # the scorer's calibration rows at both sizes, one and two digits
 #   bash benchmarks/video_gpu.sh fetch long-sdpa OUT  # the other exported folder's parts
 # Needs .whl (../shared/tools/gpu-wheels.sh) and .minilm-fp16 (benchmarks/export_minilm.py) carried in the lease's
@@ -230,16 +231,16 @@ PY
   typed=; [ "${WORDING:-}" = held-out ] && typed=--no-rewrite-prompt
   for a in $ATTNS; do
     for size in ${SIZES:-32x128 16x64}; do
-      frames=${size%x*}; side=${size#*x}; tag=$a-$size${WORDING:+-$WORDING}
+      frames=${size%x*}; side=${size#*x}; tag=$a-$size${WORDING:+-$WORDING}${STEPS:+-steps$STEPS}${GUIDANCE:+-g$GUIDANCE}
       # FRAMES=1: also the first / middle / last frame of every clip, OUT/frames-<tag>.npz (a few MB), for
       # python -m benchmarks video_samples_grid
       save=; [ "${FRAMES:-0}" = 1 ] && rm -rf $R/clips-$tag && save="--save-format npy --save-videos $R/clips-$tag"
       $MG vbench --checkpoint $R/ship/video-$a --prompts $R/prompts-grid.txt --num-frames $frames --height $side \
-        --width $side --steps 8 --guidance 4 --batch-size 40 --background-features pixels --quiet $typed $save \
+        --width $side --steps ${STEPS:-8} --guidance ${GUIDANCE:-4} --batch-size 40 --background-features pixels --quiet $typed $save \
         --out "$out/vbench-$tag.json" --table "$out/vbench-$tag.md" > /dev/null
       [ -n "$save" ] && python3 -m benchmarks video_samples_grid --pack $R/clips-$tag --clips-per-seed 40 \
         --out "$out/frames-$tag.npz" > /dev/null
-      python3 - "$out/vbench-$tag.json" "$a $size ${WORDING:-template}" <<'PY'
+      python3 - "$out/vbench-$tag.json" "$a $size ${WORDING:-template} steps ${STEPS:-8} guidance ${GUIDANCE:-4}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["semantic_rates"]
 print(f"{sys.argv[2]}: {r['clips']} clips, digit {r['digit']:.3f} direction {r['direction']:.3f} both {r['both']:.3f}")
