@@ -128,7 +128,8 @@ def test_the_motion_must_last_the_whole_clip_inside_the_canvas(frames, side):
 def test_two_digit_clips_get_a_verdict_per_digit():
     videos, captions = real_clips(n_per_cell=1, num_digits=2, num_frames=32, resolution=128)
     verdicts = score_clips(videos[:12], captions[:12])
-    assert semantic_rates(verdicts)["both"] >= 0.9
+    rates = semantic_rates(verdicts)   # the >= 0.90 target is over 120 clips: the calibration rows
+    assert rates["digit"] == 1.0 and rates["both"] >= 0.8, rates
     v = verdicts[0]
     parsed = parse_prompt(captions[0])
     assert [(d["digit"], d["direction"]) for d in v["per_digit"]] == list(zip(parsed.digits, parsed.directions))
@@ -142,14 +143,16 @@ def test_two_digit_clips_get_a_verdict_per_digit():
 
 
 def test_two_digits_that_cross_keep_their_own_tracks():
-    """Two digits moving towards each other along one row overlap mid-clip; linking each frame's groups
-    to where each track was heading (not to where it last was) keeps them apart after they pass."""
+    """Two digits moving towards each other 16 px apart across pass each other mid-clip (one blob for a
+    few frames); linking each frame's groups to where each track was heading keeps them apart after they
+    pass (linked to where each track last was, all four clips swap tracks and fail). Digits are 7/16 of
+    the canvas, so two on one row could not part again within a clip."""
     from mediagen.training.data.moving_mnist import MovingMNISTDataset
 
     class Crossing(MovingMNISTDataset):
         def plan(self, i):
             ks = super().plan(i)[0]
-            return ks, ["right", "left"], [50.0, 52.0], [4.0, 96.0]
+            return ks, ["right", "left"], [20.0, 36.0], [0.0, 72.0]
 
     data = Crossing(resolution=128, num_frames=32, num_digits=2, split="held_out", length=8, seed=4)
     frames, digits, _ = data.render(range(4))

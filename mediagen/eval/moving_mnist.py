@@ -19,7 +19,7 @@ fuzzy, blocky and broken into specks, on any value range:
   k-means (k = 1: all ink); each group's centroid is then re-centred on a digit-sized window
   around it (mean shift), so stray specks far from the digit do not pull it.
 - Classification: a digit-sized box around each centroid (the generator's digit side,
-  min(28, 7/16 of the frame), resized to 28x28, brightest pixel scaled to 255) is the MNIST layout
+  7/16 of the frame), resized to 28x28, brightest pixel scaled to 255) is the MNIST layout
   the shipped classifier was trained on; every frame votes, and a digit is shown when the asked
   digit wins the vote (ties go to the larger summed probability).
 - Motion: groups are linked frame to frame by the assignment that puts each nearest to where its
@@ -113,8 +113,8 @@ def as_grey_clip(video) -> np.ndarray:
 
 
 def digit_side(height: int, width: int) -> int:
-    """The side of a digit's box in a frame, as the data generator draws it: min(28, 7/16 of the frame)."""
-    return max(4, min(28, min(height, width) * 7 // 16))
+    """The side of a digit's box in a frame, as the data generator draws it: 7/16 of the frame."""
+    return max(4, min(height, width) * 7 // 16)
 
 
 def ink_map(clip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -613,9 +613,11 @@ def stopped_clips(videos: np.ndarray) -> np.ndarray:
 
 def leaving_clips(videos: np.ndarray, directions: list[str]) -> np.ndarray:
     """One-digit clips (N, F, H, W) remade so that the digit, at its own speed and the asked way, reaches
-    the canvas edge with its leading ink at the middle frame and slides out of the canvas after it:
-    the motion is right but does not stay inside."""
+    the canvas edge with its box (the generator's digit side around its centre of mass, which the
+    generator keeps inside) at the middle frame and slides out of the canvas after it: the motion is
+    right but does not stay inside."""
     n, frames, h, w = videos.shape
+    half = digit_side(h, w) / 2
     out = np.zeros_like(videos)
     for i, (clip, name) in enumerate(zip(videos, directions)):
         first, last = clip[0].astype(np.float64), clip[-1].astype(np.float64)
@@ -628,9 +630,9 @@ def leaving_clips(videos: np.ndarray, directions: list[str]) -> np.ndarray:
 
         speed = float(np.abs(centre(last) - centre(first)).max()) / (frames - 1)  # px per frame
         axis, sign = AXES[name]  # axis 0 = x (columns), 1 = y (rows)
-        ink = np.flatnonzero(clip[0].max(axis=0 if axis == 0 else 1) > 0)
+        pos = centre(first)[1 if axis == 0 else 0]
         extent = w if axis == 0 else h
-        room = (extent - 1 - ink[-1]) if sign > 0 else ink[0]   # from the leading ink to the edge
+        room = (extent - pos - half) if sign > 0 else (pos - half)   # from the box's leading side to the edge
         for t in range(frames):
             step = sign * int(round(room + speed * (t - frames // 2)))
             out[i, t] = _shifted(clip[0], 0, step) if axis == 0 else _shifted(clip[0], step, 0)

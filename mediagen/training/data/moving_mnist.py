@@ -68,14 +68,17 @@ def clip_sizes(num_frames: int, resolution: int, frame_buckets=(), resolution_bu
 
 
 def digit_side(resolution: int) -> int:
-    """The side of a digit on a canvas of ``resolution``: min(28, 7/16 of it), 28 from 64 up."""
-    return min(28, resolution * 7 // 16)
+    """The side of a digit on a canvas of ``resolution``: 7/16 of it (28 px on 64, 56 on 128). The digit keeps
+    its share of the canvas at every size, so a larger canvas is the same clip at a higher resolution (and
+    a digit covers as many of a model's blocks of tokens as at the trained size), not a smaller digit in
+    more background."""
+    return resolution * 7 // 16
 
 
 class MovingMNISTDataset(Dataset):
     """``length`` clips of (C, F, R, R) in [-1, 1] with a caption each.
 
-    The digit side is min(28, 7R/16) (28 on a 64 canvas). A moving digit moves ``speed`` pixels per frame,
+    The digit side is 7R/16 (28 on a 64 canvas, 56 on 128). A moving digit moves ``speed`` pixels per frame,
     capped so that its path over the whole clip stays inside the canvas, and never less than 1 pixel per
     frame: a size or speed that would make it slower is refused, since a digit that barely moves (or
     stands still on some frames) does not show the motion its caption names. Positions are rounded half
