@@ -280,3 +280,20 @@ def test_mixed_size_moving_mnist_trains_through_the_config(tmp_path):
         result = train(cfg)
         assert result["finished"] and len(result["losses"]) == 4
         assert all(np.isfinite(v) for v in result["losses"].values())
+
+
+def test_a_digit_is_seven_sixteenths_of_the_canvas_at_every_size():
+    """The long clip is the shipped clip at a higher resolution: on a 128 canvas a digit is drawn twice as large as on
+    64 (56 px, not the 28 px of MNIST), and the scorer's box is the generator's side."""
+    from mediagen.eval.moving_mnist import digit_side as scorer_side
+    from mediagen.training.data.moving_mnist import digit_side
+
+    assert [digit_side(r) for r in (32, 64, 128, 256)] == [14, 28, 56, 112]
+    assert all(scorer_side(r, r) == digit_side(r) for r in (32, 64, 128))
+    extents = {}
+    for side in (64, 128):
+        ds = MovingMNISTDataset(resolution=side, num_frames=2, length=100, seed=1)
+        clip = ds.render([0])[0].numpy()[0, 0]
+        rows, cols = np.nonzero(clip > 0.1)
+        extents[side] = max(rows.max() - rows.min(), cols.max() - cols.min()) + 1
+    assert 1.8 <= extents[128] / extents[64] <= 2.2, extents
