@@ -6,6 +6,7 @@ import argparse
 import json
 
 import gradio as gr
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -135,3 +136,38 @@ def test_the_first_long_softmax_clip_on_a_cpu_is_refused_with_what_mhla_takes(tm
            f"on a cpu (model_latency.json))" in message, message
     assert message.endswith(f"; mhla takes about {recorded['video-mhla']:.0f} s for it here"), message
     assert not any((tmp_path / "out").rglob("*.mp4"))                   # nothing ran
+
+
+def test_each_checkpoint_samples_on_its_own_noise_schedule(tmp_path, monkeypatch):
+    """A long-clip checkpoint's scheduler shifts with the token count (3 at 1,024 tokens, 8.5 at 8,192), as it
+    trained; softmax's keeps a fixed shift. The app samples each attention with its own checkpoint's scheduler,
+    not the base pipeline's (which at 8,192 tokens would sample the long model at shift 3)."""
+    from mediagen.app import generation
+    from mediagen.app.models import ModelCache, default_models
+    from mediagen.models.presets import build_transformer, preset
+    from mediagen.pipelines.schedulers import make_scheduler
+
+    wan = preset("wan-tiny")
+    wan["config"]["text_dim"] = 384                                   # MiniLM's width
+    for label in ("mhla", "sdpa"):
+        build_transformer(wan).save_pretrained(tmp_path / f"video-{label}")
+        (tmp_path / f"video-{label}" / "card.json").write_text(json.dumps(
+            {"default_for": ["text-to-video"]} if label == "mhla" else {}))
+    make_scheduler("flow-euler", 3.0, max_shift=8.5, shift_seq_len=[1024, 8192]).save_pretrained(
+        tmp_path / "video-mhla" / "scheduler")
+    cache = ModelCache(default_models(tmp_path), device="cpu")
+    own, base = cache.scheduler("video", "mhla"), cache.scheduler("video", "sdpa")
+    assert own.config.use_dynamic_shifting and own.config.max_image_seq_len == 8192
+    assert not base.config.use_dynamic_shifting and base.config.shift == 3.0
+    assert cache.scheduler("video", "mhla") is not own                # a fresh one per request
+    assert not cache.scheduler("video").config.use_dynamic_shifting   # no attention: the base pipeline's
+    seen = []
+    scheduler = ModelCache.scheduler
+    monkeypatch.setattr(ModelCache, "scheduler", lambda self, family, attention=None: seen.append(
+        (family, attention)) or scheduler(self, family, attention))
+    out = generation.text_samples(cache, "mhla", "FlashAttention", "the digit 3 moves left", None, 1, 0, 2, 4.0,
+                                  16, 16, 2)
+    assert seen == [("video", "mhla")] and np.isfinite(out.samples).all()
+    (tmp_path / "video-mhla" / "scheduler" / "scheduler_config.json").write_text(json.dumps({"_class_name": "os"}))
+    with pytest.raises(ValueError, match=r"names _class_name='os', which is not a diffusers scheduler"):
+        ModelCache(default_models(tmp_path), device="cpu").scheduler("video", "mhla")

@@ -84,7 +84,7 @@ def class_images(cache, attention: str, class_label: int, batch: int, seed: int,
 
     clock = _Clock(cache.device)
     pipe = ClassConditionalImagePipeline(transformer=cache.transformer("image", attention, image_grid(cache)),
-                                         scheduler=cache.scheduler("image"), vae=cache.vae("image"))
+                                         scheduler=cache.scheduler("image", attention), vae=cache.vae("image"))
     pipe.set_runtime(runtime)
     clock.timings["text_encoding"] = 0.0
     with clock.stage("denoising"):
@@ -126,7 +126,8 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
     frames = still_frames(cache) if image else frames
     clock = _Clock(cache.device)
     transformer = cache.transformer("video", attention, video_grid(cache, frames, height, width))
-    pipe = TextToVideoPipeline(transformer=transformer, scheduler=cache.scheduler("video"), vae=cache.vae("video"))
+    pipe = TextToVideoPipeline(transformer=transformer, scheduler=cache.scheduler("video", attention),
+                               vae=cache.vae("video"))
     pipe.check_size(height, width, frames)
     pipe.set_runtime(runtime)
     cache.text_encoder(encoder_label)                        # loaded (once) outside the timed stage

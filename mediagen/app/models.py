@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import html
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,7 @@ class ModelCache:
         self._lock = threading.RLock()
         self._bases: dict = {}
         self._vaes: dict = {}
+        self._schedulers: dict = {}
         self._transformers: dict = {}
         self._encoders: dict = {}
         self._encoder_locks: dict = {}
@@ -318,9 +320,34 @@ class ModelCache:
                 self._vaes[family] = self._place(copy.deepcopy(self.base(family).vae))
             return self._vaes[family]
 
-    def scheduler(self, family: str):
-        """A fresh scheduler per request: schedulers hold per-run state."""
-        return copy.deepcopy(self.base(family).scheduler)
+    def scheduler(self, family: str, attention: str | None = None):
+        """A fresh scheduler per request (schedulers hold per-run state): the one saved with the checkpoint behind
+        ``attention`` where it has one, else the base pipeline's. A checkpoint samples on the noise schedule it
+        was trained on: a long-clip model's shift follows the token count (3 at 1,024 tokens, 8.5 at 8,192), the
+        base's is fixed."""
+        key = (family, attention)
+        with self._lock:
+            saved = self._schedulers.get(key)
+        if saved is None:
+            saved = self._saved_scheduler(family, attention) or self.base(family).scheduler
+            with self._lock:
+                saved = self._schedulers.setdefault(key, saved)
+        return copy.deepcopy(saved)
+
+    def _saved_scheduler(self, family: str, attention: str | None):
+        """The scheduler in a trained pipeline folder's ``scheduler/`` (the class its config names); None for a
+        transformer-only folder, a preset or an untrained attention."""
+        import diffusers
+
+        folder = self.models.source(family).trained.get(attention) if attention is not None else None
+        config = Path(folder) / "scheduler" / "scheduler_config.json" if folder else None
+        if config is None or not config.is_file():
+            return None
+        name = json.loads(config.read_text()).get("_class_name")
+        cls = getattr(diffusers, str(name), None)
+        if not (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
+            raise ValueError(f"{config} names _class_name={name!r}, which is not a diffusers scheduler")
+        return cls.from_pretrained(str(Path(folder) / "scheduler"))
 
     # --- transformers per attention ----------------------------------------------------------
     def blocks_for(self, family: str, attention: str, grid) -> tuple | None:
