@@ -85,7 +85,7 @@ def test_default_models_pick_up_shipped_checkpoints(tmp_path):
     assert shipped.text_encoders["HLA"] == str(tmp_path / "text-hla")
     assert shipped.image.defaults == {"class-to-image": "mhla"} and shipped.video.defaults == {}
     assert models.default_models().image.defaults == {"class-to-image": "mhla"}     # the shipped cards
-    assert models.default_models().video.defaults == {"text-to-video": "mhla", "text-to-image": "mhla"}
+    assert models.default_models().video.defaults == {"text-to-video": "mhla", "text-to-image": "sdpa"}
 
 
 def test_digit_scores_recognise_real_digits():
@@ -793,8 +793,9 @@ def test_the_video_tab_helps_with_prompts_and_notes_the_unreadable(tmp_path, mon
     assert note == ""
     shipped = MediagenApp(models.default_models(), device="cpu", output_dir=tmp_path / "shipped")
     assert shipped.prompt_help().endswith(
-        " video-sdpa and video-mhla are trained on one digit a clip, worded \"the digit 3 moves left\", at 16 frames "
-        "of 64×64.")
+        " video-sdpa is trained on one digit a clip, worded \"the digit 3 moves left\", at 16 frames of 64×64. "
+        "video-mhla is trained on one digit a clip, worded \"the digit 3 moves left\", at 16 frames of 64×64 and 32 "
+        "frames of 128×128.")
 
 
 def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_they_read_it(tmp_path, monkeypatch):
@@ -873,13 +874,17 @@ def test_a_refusal_names_the_attention_that_fits_the_bound(tmp_path):
 
 def test_a_clip_at_a_size_the_model_never_trained_at_gets_a_note():
     """The shipped video models' cards list the sizes they trained at; a clip asked at another size gets a note
-    saying so beside it (at 32x128x128 the 1,024-token models drew no moving digit), none at a trained size."""
+    saying so beside it (at 32x128x128 the 1,024-token video-sdpa draws no moving digit), none at a trained size."""
     from mediagen.app.prompts import size_note
     from mediagen.pipelines.catalog import checkpoint, read_card
 
-    card = read_card(checkpoint("video", "mhla"))
+    card = read_card(checkpoint("video", "sdpa"))
     assert {"frames": 16, "height": 64, "width": 64} in card["trained_on"]["sizes"]
-    assert size_note("video-mhla", card["trained_on"], 16, 64, 64) == ""
-    note = size_note("video-mhla", card["trained_on"], 32, 128, 128)
-    assert note.startswith("video-mhla was trained on 16 frames of 64×64; a clip of 32 frames of 128×128 is outside")
-    assert size_note("video-mhla", {}, 32, 128, 128) == ""          # a card that names no size: no note
+    assert size_note("video-sdpa", card["trained_on"], 16, 64, 64) == ""
+    note = size_note("video-sdpa", card["trained_on"], 32, 128, 128)
+    assert note.startswith("video-sdpa was trained on 16 frames of 64×64; a clip of 32 frames of 128×128 is outside")
+    long = read_card(checkpoint("video", "mhla"))["trained_on"]    # the long-clip model: both sizes, no note
+    assert size_note("video-mhla", long, 32, 128, 128) == "" == size_note("video-mhla", long, 16, 64, 64)
+    assert size_note("video-mhla", long, 32, 64, 64).startswith("video-mhla was trained on 16 frames of 64×64, 32 "
+                                                                "frames of 128×128; a clip of 32 frames of 64×64")
+    assert size_note("video-sdpa", {}, 32, 128, 128) == ""          # a card that names no size: no note

@@ -19,7 +19,7 @@ def _checkpoint(root, name, card=None, marker="model_index.json"):
 def test_the_shipped_cards_name_one_default_per_task():
     assert catalog.default_checkpoint("class-to-image") == "image-mhla"
     assert catalog.default_checkpoint("text-to-video") == "video-mhla"
-    assert catalog.default_checkpoint("text-to-image") == "video-mhla"
+    assert catalog.default_checkpoint("text-to-image") == "video-sdpa"
     assert catalog.trained_attentions("image") == ["sdpa", "mhla", "linear"]
     assert catalog.trained_attentions("video") == ["sdpa", "mhla"]
     assert catalog.family_of("video-sdpa") == "video" and catalog.family_of("dit-mnist") is None

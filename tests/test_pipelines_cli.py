@@ -77,7 +77,7 @@ def test_generate_default_model_follows_the_task(tmp_path, monkeypatch):
     assert _default_model(None) == "image-mhla"                      # the shipped checkpoints
     assert _default_model("class-to-image") == "image-mhla"
     assert _default_model("text-to-video") == "video-mhla"
-    assert _default_model("text-to-image") == "video-mhla"
+    assert _default_model("text-to-image") == "video-sdpa"
     monkeypatch.setenv("MEDIAGEN_CHECKPOINTS", str(tmp_path))        # none shipped: the presets
     assert _default_model(None) == "dit-mnist"
     assert _default_model("text-to-video") == "wan-mmnist"

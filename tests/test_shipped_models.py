@@ -111,9 +111,9 @@ def test_the_default_video_model_moves_the_digit_the_asked_way():
 
 def test_the_default_prompt_mode_model_draws_the_asked_digit():
     """Prompt-mode images as `mediagen generate --task text-to-image` draws them (the middle frame of a clip of
-    the trained length, 8 steps, guidance 4), read by the shipped digit classifier. The default draws the
-    asked digit in 0.90 of 30 stills on the H200 and 0.917 of 60 on the CPU (video-sdpa: 0.733 and 0.833).
-    Four digits, about 50 s on a 2-core CPU."""
+    the trained length, 8 steps, guidance 4), read by the shipped digit classifier. The default (video-sdpa, the
+    cards' choice) draws the asked digit in 0.91 of 100 stills at 8 steps on the H200, 0.947 of 300 and 0.978 of 90
+    on the CPU at the app's 16. Four digits, about 50 s on a 2-core CPU."""
     from mediagen.eval.moving_mnist import score_clips
     from mediagen.pipelines import TextToImagePipeline
     from mediagen.pipelines.catalog import default_checkpoint
