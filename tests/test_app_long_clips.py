@@ -138,6 +138,30 @@ def test_the_first_long_softmax_clip_on_a_cpu_is_refused_with_what_mhla_takes(tm
     assert not any((tmp_path / "out").rglob("*.mp4"))                   # nothing ran
 
 
+def test_a_long_comparison_on_a_cpu_is_refused_with_each_configurations_time_and_the_steps_that_fit(tmp_path):
+    """Compare at 32 x 128 x 128 on a CPU: the softmax reference alone passes the bound, so the refusal names each
+    configuration's estimate (softmax's beside MHLA's) and the steps at which the comparison fits."""
+    from mediagen.app.bench_results import read_model_latency
+    from mediagen.app.handlers import MediagenApp
+    from mediagen.app.models import default_models
+
+    models = default_models()
+    models.video.served = dict(LONG)
+    app = MediagenApp(models, device="cpu", output_dir=tmp_path / "out")
+    recorded = {r["pipeline"]: r["s_per_clip"] for r in read_model_latency(app.model_results_path)
+                if r["device"].startswith("cpu") and r["tokens_per_clip"] == 8192 and r["runtime"] == "eager"}
+    sdpa, mhla = recorded["video-sdpa"], recorded["video-mhla"]
+    with pytest.raises(gr.Error) as refused:
+        app.compare("text-to-video", ["mhla · FlashAttention"], "the digit 3 moves left", None, 0, 8, 4.0, 32, 128, 128)
+    message = refused.value.message
+    assert message.startswith(f"steps=8: these 2 configurations would take about {sdpa + mhla:.0f} s here "
+                              f"(sdpa · FlashAttention about {sdpa:.0f} s, mhla · FlashAttention about {mhla:.0f} s; "
+                              f"estimated from the sampling times recorded for video-sdpa on a cpu"), message
+    fit = int(90 // ((sdpa + mhla) / 8))                                # the recorded times hold no fixed part
+    assert 1 <= fit < 8 and f"past this server's 90 s per request: use steps ≤ {fit}, fewer configurations" in message
+    assert not any((tmp_path / "out").rglob("*.mp4"))
+
+
 def test_each_checkpoint_samples_on_its_own_noise_schedule(tmp_path, monkeypatch):
     """A long-clip checkpoint's scheduler shifts with the token count (3 at 1,024 tokens, 8.5 at 8,192), as it
     trained; softmax's keeps a fixed shift. The app samples each attention with its own checkpoint's scheduler,

@@ -342,19 +342,32 @@ class MediagenApp:
             req.height, req.width, req.frames = self._text_size(height, width, frames if video else 1,
                                                                 min_frames=2 if video else 1)
             tokens = _prod(video_grid(self.cache, req.frames, req.height, req.width))
-        # configurations not measured yet add nothing, so the sum is a floor: refused only when even that is past
-        known = [e for e in (self.estimate(family, a, tokens, 1, steps, guidance) for a, _ in planned) if e is not None]
         per_pass = TimeBudget.tokens(tokens, 1, guidance)
-        if self.limits.max_request_s is not None and sum(known) > self.limits.max_request_s:
-            basis = "; ".join(dict.fromkeys(self.budget.basis((family, a), per_pass) for a, _ in planned))
-            raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {sum(known):.0f} s "
-                           f"here (estimated from {basis}), past this server's {self.limits.max_request_s:.0f} s per "
-                           f"request: use fewer steps or configurations, or a smaller size")
+        self._check_compare_time(family, planned, steps, per_pass)
         rows = compare.compare(self.cache, req, progress)
         for (attention, _), row in zip(planned, rows):
             self.budget.record((family, attention), steps, per_pass, row.get("total_ms", 0.0) / 1e3,
                                row.pop("step_seconds", ()))
         return self._compare_outputs(rows, seed)
+
+    def _check_compare_time(self, family, planned, steps, per_pass) -> None:
+        """Refuses a comparison whose configurations together would pass the time bound, naming each one's
+        estimate (so a user sees what the reference costs beside MHLA) and the steps that would fit.
+        Configurations not measured yet add nothing, so the sum is a floor: refused only when even that is past."""
+        bound = self.limits.max_request_s
+        known = [(compare.config_label(a, e), got) for a, e in planned
+                 if (got := self.budget.step_estimate((family, a), per_pass)) is not None]
+        total = sum(fixed + steps * per_step for _, (fixed, per_step) in known)
+        if bound is None or total <= bound:
+            return
+        fixed_sum, step_sum = (sum(got[i] for _, got in known) for i in (0, 1))
+        fit = int((bound - fixed_sum) // step_sum) if step_sum > 0 else steps
+        each = ", ".join(f"{label} about {fixed + steps * per_step:.0f} s" for label, (fixed, per_step) in known)
+        basis = "; ".join(dict.fromkeys(self.budget.basis((family, a), per_pass) for a, _ in planned))
+        fewer = f"steps ≤ {fit}, " if 1 <= fit < steps else "fewer steps, "
+        raise rejected(f"steps={steps}: these {len(planned)} configurations would take about {total:.0f} s here "
+                       f"({each}; estimated from {basis}), past this server's {bound:.0f} s per request: use "
+                       f"{fewer}fewer configurations or a smaller size")
 
     def _compare_outputs(self, rows, seed):
         folder = files.request_dir(self.output_root, "compare")
