@@ -846,6 +846,31 @@ def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_
         assert box.elem_id == elem and box.value is True
 
 
+def test_compare_says_which_model_never_trained_at_the_asked_size(tmp_path, monkeypatch):
+    """A model whose card lists its trained sizes, compared at another size: its gallery caption says so and its
+    row carries the video tab's size note; at a trained size nothing is added."""
+    from mediagen.app import generation
+
+    app = _encoder_app(tmp_path, {"trained_on": {"digits": 1, "sizes": [{"frames": 3, "height": 8, "width": 8}]}})
+    monkeypatch.setattr(generation, "text_samples", lambda cache, a, e, p, n, batch, s, st, g, h, w, f, **k:
+                        generation.Generated(np.zeros((batch, f, h, w, 1), np.float32)))
+    monkeypatch.setattr(compare.scores, "video_scores", lambda sample, prompt: {})
+    monkeypatch.setattr(compare, "semantic_verdict", lambda sample, prompt: {})
+    quiet = lambda *a, **k: None                                           # noqa: E731  (stands in for gr.Progress)
+    gallery, _, _, details = app.compare("text-to-video", ["mhla · FlashAttention"], "the digit 1 moves left", 0, 0,
+                                         2, 4.0, 5, 16, 16, progress=quiet)
+    # the sdpa reference has no card, so no sizes to judge by
+    assert [caption for _, caption in gallery] == ["sdpa · FlashAttention",
+                                                   "mhla · FlashAttention · not trained at this size"]
+    assert "size_note" not in details[0]
+    assert details[1]["size_note"].startswith("video-mhla was trained on 3 frames of 8×8; a clip of 5 frames of "
+                                              "16×16 is outside what it learned"), details[1]["size_note"]
+    gallery, _, _, details = app.compare("text-to-video", ["mhla · FlashAttention"], "the digit 1 moves left", 0, 0,
+                                         2, 4.0, 3, 8, 8, progress=quiet)
+    assert [caption for _, caption in gallery] == ["sdpa · FlashAttention", "mhla · FlashAttention"]
+    assert not any("size_note" in d for d in details)
+
+
 def test_a_refusal_names_the_attention_that_fits_the_bound(tmp_path):
     """Past the time bound with softmax, the refusal gives the estimate and what MHLA takes for the same
     request when that fits; with nothing else measured (or nothing that fits) it says only the estimate."""

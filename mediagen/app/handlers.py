@@ -348,6 +348,8 @@ class MediagenApp:
         for (attention, _), row in zip(planned, rows):
             self.budget.record((family, attention), steps, per_pass, row.get("total_ms", 0.0) / 1e3,
                                row.pop("step_seconds", ()))
+            if task == "text-to-video" and (note := self.size_note(attention, req.frames, req.height, req.width)):
+                row["size_note"] = note   # a blank clip from a model never trained at this size says why
         return self._compare_outputs(rows, seed)
 
     def _check_compare_time(self, family, planned, steps, per_pass) -> None:
@@ -381,7 +383,9 @@ class MediagenApp:
                 got, previews = files.save_images(sample, folder, stem)
             downloads += got
             read = row.get("prompt_read_as")
-            gallery.append((previews[0], f"{row['config']} · read as: {read}" if read else row["config"]))
+            caption = " · ".join([row["config"]] + ([f"read as: {read}"] if read else [])
+                                 + (["not trained at this size"] if row.get("size_note") else []))
+            gallery.append((previews[0], caption))
         columns = [c for c in TABLE_COLUMNS if any(c in r for r in rows)]
         table = [[_cell(c, r.get(c)) for c in columns] for r in rows]
         details = [{k: compare.finite(v) for k, v in r.items()} for r in rows]
