@@ -83,6 +83,30 @@ def test_generate_default_model_follows_the_task(tmp_path, monkeypatch):
     assert _default_model("text-to-video") == "wan-mmnist"
 
 
+def test_generate_starts_each_task_at_the_apps_steps(tmp_path, monkeypatch):
+    """Without --steps: clips at 8 and stills at 16, as the app starts them and where the shipped models' rates are
+    measured; class images at 20; --steps wins."""
+    import diffusers
+
+    from mediagen.pipelines.names import START_STEPS
+
+    seen = []
+    for cls in (diffusers.FlowMatchEulerDiscreteScheduler, diffusers.DDIMScheduler):
+        real = cls.set_timesteps
+
+        def spy(self, num_inference_steps=None, *a, real=real, **k):
+            seen.append(num_inference_steps)
+            return real(self, num_inference_steps, *a, **k)
+
+        monkeypatch.setattr(cls, "set_timesteps", spy)
+    clip = ["--model", "wan-tiny", "--prompt", "x", "--frames", "3", "--height", "8", "--width", "8"]
+    assert main(["generate", *clip, "--out", str(tmp_path / "a.mp4")]) == 0
+    assert main(["generate", "--task", "text-to-image", *clip, "--out", str(tmp_path / "a.png")]) == 0
+    assert main(["generate", "--model", "dit-tiny", "--class-label", "3", "--out", str(tmp_path / "b.png")]) == 0
+    assert main(["generate", *clip, "--steps", "3", "--out", str(tmp_path / "c.mp4")]) == 0
+    assert seen == [START_STEPS["text-to-video"], START_STEPS["text-to-image"], 20, 3] == [8, 16, 20, 3]
+
+
 def test_generate_keeps_a_model_saved_with_the_asked_attention(tmp_path):
     """--attention mhla on a model saved as MHLA uses it as saved (its trained Mc and options), rather
     than converting again to fresh layers."""

@@ -19,6 +19,8 @@ import statistics
 import threading
 from dataclasses import dataclass
 
+from ..pipelines.names import START_STEPS
+
 log = logging.getLogger("mediagen.app")
 
 
@@ -46,12 +48,10 @@ class Limits:
     max_prompt_chars: int = 500
     max_guidance: float = 20.0
     max_request_s: float | None = None   # refuse a request estimated to take longer (None: no bound)
-    # Sampling steps the page starts with. At 4 steps the shipped clip models draw the asked digit in 0.82-0.88
-    # of clips and 0.47-0.67 of stills, at 8 in 0.96 of clips (docs/RESULTS.md, text-to-video), so a CPU
-    # starts at 8 too (a clip takes 4.5-7 s there). A prompt-mode still is one frame of a clip and has no
-    # vote over frames: it starts at 16 steps (0.92-0.95 of stills against 0.89-0.91 at 8).
-    default_steps: int = 8
-    still_steps: int = 16
+    # Sampling steps the page starts with (names.START_STEPS, as `mediagen generate`; a CPU too: a clip takes
+    # 4.5-7 s there); class images start at the clips' steps.
+    default_steps: int = START_STEPS["text-to-video"]
+    still_steps: int = START_STEPS["text-to-image"]
 
     @classmethod
     def for_device(cls, device, served: dict | None = None, **overrides) -> "Limits":

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..models.attention_spec import attention_choices
-from .names import RUNTIMES, SCHEDULERS
+from .names import RUNTIMES, SCHEDULERS, START_STEPS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TASKS = ("class-to-image", "text-to-image", "text-to-video")
@@ -48,6 +48,9 @@ def _ints(text: str) -> list[int]:
         raise ValueError(f"--blocks {text!r} is not allowed: give ints such as 4,4 or 3,5,8") from None
 
 
+CLASS_STEPS = 20   # class-to-image: a quality default (FID is measured at 30, docs/RESULTS.md)
+
+
 def register(sub):
     p = sub.add_parser("generate", help="generate an image or a video (PNG / MP4 / GIF) and print its path")
     p.add_argument("--model", default=None,
@@ -64,7 +67,10 @@ def register(sub):
     p.add_argument("--class-label", type=int, action="append", default=None,
                    help="class index (class-to-image); repeat for several images")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"denoising steps (default: {START_STEPS['text-to-video']} for text-to-video and "
+                        f"{START_STEPS['text-to-image']} for text-to-image, as the app starts and where the shipped "
+                        f"models' rates are measured; {CLASS_STEPS} for class-to-image)")
     p.add_argument("--guidance", type=float, default=4.0)
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
@@ -201,7 +207,8 @@ def run(args) -> int:
                   f"outputs are untrained", file=sys.stderr)
     pipe.set_runtime(args.runtime)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    common = dict(num_inference_steps=args.steps, guidance_scale=args.guidance, height=height, width=width,
+    steps = args.steps if args.steps is not None else START_STEPS.get(task, CLASS_STEPS)
+    common = dict(num_inference_steps=steps, guidance_scale=args.guidance, height=height, width=width,
                   generator=generator, output_type="np")
     if task == "class-to-image":
         if args.prompt is not None:
