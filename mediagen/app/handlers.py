@@ -362,8 +362,7 @@ class MediagenApp:
         total = sum(fixed + steps * per_step for _, (fixed, per_step) in known)
         if bound is None or total <= bound:
             return
-        fixed_sum, step_sum = (sum(got[i] for _, got in known) for i in (0, 1))
-        fit = int((bound - fixed_sum) // step_sum) if step_sum > 0 else steps
+        fit = self.budget.steps_that_fit(sum(f for _, (f, _) in known), sum(p for _, (_, p) in known), steps)
         each = ", ".join(f"{label} about {fixed + steps * per_step:.0f} s" for label, (fixed, per_step) in known)
         basis = "; ".join(dict.fromkeys(self.budget.basis((family, a), per_pass) for a, _ in planned))
         fewer = f"steps ≤ {fit}, " if 1 <= fit < steps else "fewer steps, "

@@ -266,6 +266,11 @@ class TimeBudget:
         got = self.step_estimate(key, tokens)
         return None if got is None else got[0] + steps * got[1]
 
+    def steps_that_fit(self, fixed: float, per_step: float, steps: int) -> int:
+        """The most steps whose estimate ``fixed + steps * per_step`` stays within ``max_seconds`` (``steps``
+        when a step costs nothing; below 1 when even the fixed part is past)."""
+        return int((self.max_seconds - fixed) // per_step) if per_step > 0 else steps
+
     def check(self, key, steps: int, tokens: int, instead=None) -> float | None:
         """The estimate in seconds (None before a measurement); refuses past ``max_seconds`` with the
         estimate and the steps that would fit, and what ``instead()`` (called only then) adds: another
@@ -276,7 +281,7 @@ class TimeBudget:
         fixed, per_step = got
         est = fixed + steps * per_step
         if self.max_seconds is not None and est > self.max_seconds:
-            fit = int((self.max_seconds - fixed) // per_step) if per_step > 0 else steps
+            fit = self.steps_that_fit(fixed, per_step, steps)
             fewer = f"steps ≤ {fit}, or " if 1 <= fit < steps else ""
             raise _error(f"steps={steps}: this request would take about {est:.0f} s here (estimated from "
                          f"{self.basis(key, tokens)}), past this server's {self.max_seconds:.0f} s per request: use "
