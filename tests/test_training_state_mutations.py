@@ -218,3 +218,25 @@ def test_condition_dropout_rate_is_class_dropout():
         assert drop.all() if p == 1.0 else not drop.any()
     rate = _objective("objective.class_dropout=0.1").noise(x0, 0, 1, positions).drop.float().mean()
     assert 0.08 < float(rate) < 0.12
+
+
+@pytest.mark.parametrize("kind", ["flow", "ddpm"])
+def test_exported_scheduler_has_the_objectives_train_timesteps(tmp_path, kind):
+    """objective.num_train_timesteps=T other than 1000: the saved pipeline (final and --export) samples on the
+    schedule the model trained on: flow timesteps T * sigma (training's timestep = T sigma), DDPM the
+    alpha_bar of T linear betas."""
+    from mediagen.pipelines import build_pipeline
+    from mediagen.training.export import export_checkpoint
+
+    out = tmp_path / kind
+    cfg = tiny_config(out, TINY_DIT, "train.batch_size=4", "train.max_steps=1", "checkpoint.every=1",
+                      f"objective.kind={kind}", "objective.num_train_timesteps=500")
+    train(cfg)
+    for folder in (out / "pipeline", export_checkpoint(cfg, "latest")):
+        sched = build_pipeline(str(folder)).scheduler
+        assert sched.config.num_train_timesteps == 500
+        if kind == "flow":
+            sched.set_timesteps(4)
+            torch.testing.assert_close(sched.timesteps, sched.sigmas[:-1] * 500)
+        else:
+            torch.testing.assert_close(sched.alphas_cumprod.float(), Objective(cfg.objective).alphas_cumprod)

@@ -69,10 +69,12 @@ def timestep_options(scheduler, transformer_config, latent_shape) -> dict:
                              config.max_image_seq_len)}
 
 
-def make_scheduler(name: str, shift: float = 3.0, max_shift: float | None = None, shift_seq_len=None):
+def make_scheduler(name: str, shift: float = 3.0, max_shift: float | None = None, shift_seq_len=None,
+                   num_train_timesteps: int = 1000):
     """A fresh scheduler; ``shift`` applies to the flow schedulers only, ``max_shift`` / ``shift_seq_len`` (the
     token-count rule of ``shift_for_tokens``) to flow-euler only, stored in its config as diffusers' dynamic
-    shifting (``use_dynamic_shifting``, ``base_shift`` / ``max_shift`` the logs of the shifts)."""
+    shifting (``use_dynamic_shifting``, ``base_shift`` / ``max_shift`` the logs of the shifts).
+    ``num_train_timesteps``: the training objective's T (flow: timestep = T sigma; DDPM: T linear betas)."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler={name!r} is not allowed: use one of {SCHEDULERS}")
     if not shift > 0:
@@ -84,17 +86,19 @@ def make_scheduler(name: str, shift: float = 3.0, max_shift: float | None = None
         if not max_shift > 0:
             raise ValueError(f"max_shift={max_shift!r} is not allowed: use a number > 0")
         lo, hi = shift_seq_len or DEFAULT_SHIFT_SEQ_LEN
-        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift, use_dynamic_shifting=True,
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=shift,
+                                               use_dynamic_shifting=True,
                                                base_shift=math.log(shift), max_shift=math.log(max_shift),
                                                base_image_seq_len=int(lo), max_image_seq_len=int(hi))
     if name == "flow-euler":
-        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=shift)
     if name == "flow-unipc":
-        return UniPCMultistepScheduler(num_train_timesteps=1000, prediction_type="flow_prediction",
+        return UniPCMultistepScheduler(num_train_timesteps=num_train_timesteps, prediction_type="flow_prediction",
                                        use_flow_sigmas=True, flow_shift=shift)
+    ddpm = {**_DDPM, "num_train_timesteps": num_train_timesteps}
     if name == "ddim":
-        return DDIMScheduler(**_DDPM, clip_sample=False, set_alpha_to_one=False, prediction_type="epsilon")
-    return DPMSolverMultistepScheduler(**_DDPM, algorithm_type="dpmsolver++", solver_order=2,
+        return DDIMScheduler(**ddpm, clip_sample=False, set_alpha_to_one=False, prediction_type="epsilon")
+    return DPMSolverMultistepScheduler(**ddpm, algorithm_type="dpmsolver++", solver_order=2,
                                        prediction_type="epsilon")
 
 

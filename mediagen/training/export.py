@@ -25,7 +25,8 @@ DEFAULT_PROMPTS = ["the digit 3 moves left", "the digit 7 moves down"]
 def make_pipeline(components, transformer, scheduler: str, objective):
     """The pipeline around ``transformer``, its scheduler set as ``objective`` (the run's objective config)
     trained: the same shift, or the same token-count rule (``objective.max_shift``)."""
-    sched = make_scheduler(scheduler, objective.shift, objective.max_shift, tuple(objective.shift_seq_len))
+    sched = make_scheduler(scheduler, objective.shift, objective.max_shift, tuple(objective.shift_seq_len),
+                           objective.num_train_timesteps)
     if components.task == "class-to-image":
         return ClassConditionalImagePipeline(transformer=transformer, scheduler=sched, vae=components.vae)
     cls = TextToImagePipeline if components.task == "text-to-image" else TextToVideoPipeline
