@@ -100,6 +100,21 @@ def test_digit_scores_recognise_real_digits():
     assert scores.prompt_digit("a seven moving up") == 7 and scores.prompt_digit("a cat") is None
 
 
+def test_a_still_is_read_in_the_box_around_its_ink():
+    """A prompt-mode still is a frame of a clip model: a 28-px digit off the centre of a 64 x 64 canvas. Read
+    with crop=True (as Compare reads text-to-image) it is the digit; the canvas shrunk whole to 28 x 28 is not."""
+    from mediagen.data import load_mnist10k
+
+    images, labels = load_mnist10k()
+    picks = np.flatnonzero(labels == 7)[:4]
+    canvas = np.zeros((len(picks), 64, 64, 1), np.float32)
+    for i, (y, x) in enumerate([(2, 3), (30, 34), (5, 33), (33, 4)]):
+        canvas[i, y:y + 28, x:x + 28, 0] = images[picks[i]] / 255.0
+    got = scores.digit_scores(canvas, 7, crop=True)
+    assert got["predicted"] == 7 and got["digit_prob"] > 0.8, got
+    assert scores.digit_scores(canvas, 7)["digit_prob"] < got["digit_prob"] - 0.3
+
+
 def test_old_request_folders_are_pruned(tmp_path):
     old = files.request_dir(tmp_path, "image")
     (old / "x.png").write_bytes(b"x")

@@ -150,7 +150,7 @@ def quality(req: CompareRequest, sample, reference) -> dict:
         out.update(semantic_verdict(sample, req.prompt or None))
     else:
         digit = req.class_label if req.task == "class-to-image" else scores.prompt_digit(req.prompt)
-        out.update(scores.digit_scores(sample[None], digit))
+        out.update(scores.digit_scores(sample[None], digit, crop=req.task == "text-to-image"))
     return out
 
 

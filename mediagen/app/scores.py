@@ -2,8 +2,9 @@
 
 Images: the shipped MNIST digit classifier. For a class-conditional digit (or a prompt naming a
 digit) ``digit_prob`` is the classifier's probability of the asked-for digit; ``confidence`` is its
-top probability (how digit-like the image is, whatever the digit). Images are made grey and
-resized to 28x28 first, so any output size works.
+top probability (how digit-like the image is, whatever the digit). Class images are made grey and
+resized to 28x28 whole; a prompt-mode still is read in the digit-sized box around its ink, as the clip
+scorer reads a frame.
 Videos: the VBench-style dimensions of ``mediagen.eval`` (subject consistency on the digit
 classifier's features of the crop around the ink, background consistency on whole-frame pixels), the Moving-MNIST semantic scores when the prompt names digits, and
 the VBench Quality / Semantic / Total aggregates. A dimension a clip is too short for is left out.
@@ -22,12 +23,23 @@ def _grey28(images: np.ndarray) -> torch.Tensor:
     return F.interpolate(x, size=(28, 28), mode="bilinear", align_corners=False, antialias=True)
 
 
+def _ink_crops(images: np.ndarray) -> torch.Tensor:
+    """(N, H, W, C) in [0, 1] -> (N, 1, 28, 28): each image's digit-sized box around its ink, as the clip
+    scorer reads a frame (``mediagen.eval.moving_mnist.digit_groups``), brightest pixel 1."""
+    from ..eval.moving_mnist import as_grey_clip, digit_groups
+
+    crops = [digit_groups(as_grey_clip(np.asarray(image)[None]), 1)[1][0, 0] / 255.0 for image in images]
+    return torch.as_tensor(np.stack(crops), dtype=torch.float32)[:, None]
+
+
 @torch.no_grad()
-def digit_scores(images: np.ndarray, digit: int | None) -> dict[str, float]:
-    """Mean classifier scores over a batch of images (N, H, W, C) in [0, 1]."""
+def digit_scores(images: np.ndarray, digit: int | None, crop: bool = False) -> dict[str, float]:
+    """Mean classifier scores over a batch of images (N, H, W, C) in [0, 1]. ``crop``: the digit is one
+    frame of a clip model's canvas (a prompt-mode still, 7/16 of the side), read in its box around the ink
+    as the clip scorer reads it; else the whole image is the digit (class-conditional MNIST images)."""
     from ..eval.digit_classifier import load_digit_classifier
 
-    probs = load_digit_classifier("cpu")(_grey28(images)).softmax(-1)
+    probs = load_digit_classifier("cpu")(_ink_crops(images) if crop else _grey28(images)).softmax(-1)
     scores = {"confidence": float(probs.max(-1).values.mean()),
               "predicted": int(probs.mean(0).argmax())}
     if digit is not None:
