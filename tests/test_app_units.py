@@ -744,9 +744,13 @@ def test_prompt_notes_say_what_the_models_cannot_read():
     from mediagen.app.prompts import help_text, prompt_note
 
     one = {"digits": 1, "wording": "the digit 3 moves left"}
-    for readable in ("the digit 7 moves left", "three slides up", "a handwritten 0 drifting to the right",
-                     "the digit 5"):
+    for readable in ("the digit 7 moves left", "three slides up", "a handwritten 0 drifting to the right"):
         assert prompt_note(readable, "video-mhla", one) == "", readable
+    # no direction the models know: the clip shows the digit still (clips captioned so trained still)
+    for still in ("the digit 5", "the digit 5 spins"):
+        assert prompt_note(still, "video-mhla", one) == (
+            "This prompt names no direction the models know (left, right, up or down) for the digit 5, so it "
+            "stands still in the clip."), still
     assert prompt_note("a cat running", "video-mhla", one) == (
         "The models cannot read this prompt: it names no digit. They draw the digits 0–9, named as \"7\" or "
         "\"seven\" (\"the digit 7 moves left\"), so this clip shows no asked digit.")

@@ -87,6 +87,11 @@ def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None
     if isinstance(trained, int) and not isinstance(trained, bool) and named > trained:
         return (f"This prompt names {named} digits ({digits}): {model or 'this model'} is trained on "
                 f"{_COUNT.get(trained, f'{trained} digits')} a clip, so the clip may not show them all.")
+    still = [str(d) for d, way in zip(parsed.digits, parsed.directions) if way is None]
+    if still:
+        # the models trained on clips captioned without a direction as still clips
+        return (f"This prompt names no direction the models know (left, right, up or down) for the digit "
+                f"{' and '.join(still)}, so it stands still in the clip.")
     return ""
 
 
