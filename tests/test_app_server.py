@@ -87,15 +87,17 @@ def test_serves_on_localhost_with_the_four_endpoints(served):
 
 def test_generate_image_class_and_prompt(served):
     app, _, client, _ = served
-    gallery, files, timings = client.predict("class", 3, "", "", "mhla", "FlashAttention", 2, 1, 2, 4.0, 8, 8,
-                                             api_name="/generate_image")
+    gallery, files, timings, note = client.predict("class", 3, "", "", "mhla", "FlashAttention", 2, 1, 2, 4.0, 8, 8,
+                                                   api_name="/generate_image")
+    assert note == ""
     assert len(gallery) == 2 and len(files) == 2
     side = app.page_defaults()["image_side"]
     assert _read(files[0]).shape[:2] == (side, side)                    # downloads at the model's size
     assert timings["denoising_ms"] > 0 and timings["text_encoding_ms"] == 0
     # the video model's mhla checkpoint (blocks (2, 2, 2)) on a one-frame grid (1, 4, 6)
-    gallery, files, timings = client.predict("prompt", 0, "the digit 7", "", "mhla", "HLA", 1, 1, 2, 4.0, 8, 12,
-                                             api_name="/generate_image")
+    gallery, files, timings, note = client.predict("prompt", 0, "the digit 7", "", "mhla", "HLA", 1, 1, 2, 4.0, 8,
+                                                   12, api_name="/generate_image")
+    assert note == ""                                                   # untrained: no template, all of it read
     assert len(files) == 1 and _read(files[0]).shape[:2] == (8, 12)
     assert set(timings) == {"text_encoding_ms", "denoising_ms", "decoding_ms", "total_ms"}
     assert timings["text_encoding_ms"] > 0
@@ -259,9 +261,9 @@ def test_api_edges_answer_one_line(served, capfd):
     _, url, client, _ = served
     capfd.readouterr()
     status, error = _call(url, "generate_image", ["class"])
-    assert status == 200 and error == ("/generate_image got 1 input value but takes 13: give mode, class_label, "
+    assert status == 200 and error == ("/generate_image got 1 input value but takes 14: give mode, class_label, "
                                        "prompt, negative_prompt, attention, text_encoder, batch, seed, steps, "
-                                       "guidance, height, width, runtime, in this order")
+                                       "guidance, height, width, runtime, rewrite_prompt, in this order")
     status, error = _call(url, "no_such_endpoint", [1])
     assert status == 404 and error == ("there is no API endpoint /no_such_endpoint on this server: use one of "
                                        "['/generate_image', '/generate_video', '/compare', '/benchmarks']")

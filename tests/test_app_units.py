@@ -831,7 +831,7 @@ def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_
 
     def fake_samples(cache, attention, encoder, prompt, neg, batch, seed, steps, g, h, w, f, **k):
         given.append((attention, prompt))
-        return generation.Generated(np.zeros((batch, f, h, w, 1), np.float32))
+        return generation.Generated(np.zeros((batch, h, w, 1) if f == 1 else (batch, f, h, w, 1), np.float32))
 
     monkeypatch.setattr(generation, "text_samples", fake_samples)
     monkeypatch.setattr(compare.scores, "video_scores", lambda sample, prompt: {})
@@ -846,6 +846,14 @@ def test_video_and_compare_rewrite_the_prompt_to_the_cards_template_and_say_how_
     assert note.startswith("This prompt names 2 digits") and given[-1] == ("mhla", "the 3 and the 8 go up")
     with pytest.raises(gr.Error, match="rewrite_prompt='yes' is not allowed: use true or false"):
         app.video("One glides left", *args, "eager", "yes", progress=quiet)
+    # the Image tab's prompt mode (a still: no direction asked) reads the prompt as the Video tab does
+    still = ("prompt", 0, "a handwritten seven", "", "mhla", "FlashAttention", 1, 0, 2, 4.0, 8, 8)
+    *_, note = app.image(*still, progress=quiet)
+    assert note == "read as: the digit 7" and given[-1] == ("mhla", "the digit 7")
+    *_, note = app.image(*still, "eager", False, progress=quiet)
+    assert note == "" and given[-1] == ("mhla", "a handwritten seven")
+    *_, note = app.image("prompt", 0, "a cat", *still[3:], progress=quiet)
+    assert note.startswith("The models cannot read this prompt: it names no digit"), note
 
     gallery, _, table, details = app.compare("text-to-video", ["mhla · FlashAttention"], "One glides left", 0, 0, 2,
                                              4.0, 3, 8, 8, progress=quiet)

@@ -195,7 +195,7 @@ def test_app_runtime_reaches_the_loop_and_bad_values_are_refused(tmp_path, monke
     monkeypatch.setattr(app, "runtimes", lambda: ["eager", "compile"])
     modes = []
     monkeypatch.setattr(runtime_module.torch, "compile", lambda module, mode: modes.append(mode) or module)
-    _, _, timings = app.image(*request, "compile", progress=quiet)
+    _, _, timings, _ = app.image(*request, "compile", progress=quiet)
     assert modes == ["default"] and timings["denoising_ms"] > 0
     assert app.estimate("image", "sdpa", 64, 1, 2, 4.0) is None   # a compiled run may include compiling
     app.image(*request, progress=quiet)                             # eager by default

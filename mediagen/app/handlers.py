@@ -220,8 +220,11 @@ class MediagenApp:
     # --- Image -------------------------------------------------------------------------------
     @readable_errors
     def image(self, mode, class_label, prompt, negative_prompt, attention, text_encoder, batch, seed, steps=None,
-              guidance=4.0, height=None, width=None, runtime="eager", progress=gr.Progress(track_tqdm=True)):
-        """Images of a class digit (mode "class") or of a prompt (mode "prompt": the middle frame of a clip).
+              guidance=4.0, height=None, width=None, runtime="eager", rewrite_prompt=True,
+              progress=gr.Progress(track_tqdm=True)):
+        """Images of a class digit (mode "class") or of a prompt (mode "prompt": the middle frame of a clip), and
+        a note: in prompt mode, as the Video tab, how the prompt was read when it was rewritten to the model's
+        caption template (``rewrite_prompt``) and what in it the models cannot read; "" otherwise.
         steps left out (None): the mode's own, as the page starts it (more for a prompt-mode still)."""
         mode = _choice("mode", mode, IMAGE_MODES)
         family = _family(mode)
@@ -237,21 +240,23 @@ class MediagenApp:
             tokens = _prod(image_grid(self.cache))
             result = self._timed(family, attention, tokens, batch, steps, guidance, lambda: generation.class_images(
                 self.cache, attention, label, batch, seed, steps, guidance, runtime=runtime), runtime)
-            stem = f"class{label}-{attention}-seed{seed}"
+            stem, note = f"class{label}-{attention}-seed{seed}", ""
         else:
             prompt = bounded_prompt(prompt, self.limits)
             negative_prompt = bounded_prompt(negative_prompt, self.limits, "negative_prompt")
+            given, line = self.read_as(prompt, attention, _flag("rewrite_prompt", rewrite_prompt))
+            note = "\n\n".join(x for x in (line, self.prompt_note(prompt, attention, still=True)) if x)
             h, w, _ = self._text_size(height, width, 1)
             encoder = self._encoder(text_encoder, "text-to-image")
             progress(0, desc="loading models")
             tokens = _prod(video_grid(self.cache, generation.still_frames(self.cache), h, w))
             result = self._timed(family, attention, tokens, batch, steps, guidance, lambda: generation.text_samples(
-                self.cache, attention, encoder, prompt, negative_prompt, batch, seed, steps, guidance, h, w, 1,
+                self.cache, attention, encoder, given, negative_prompt, batch, seed, steps, guidance, h, w, 1,
                 runtime=runtime), runtime)
             stem = f"{files.slug(prompt)[:40]}-{attention}-seed{seed}"
         folder = files.request_dir(self.output_root, "image")
         downloads, previews = files.save_images(result.samples, folder, stem)
-        return previews, downloads, _ms(result.timings)
+        return previews, downloads, _ms(result.timings), note
 
     # --- Video -------------------------------------------------------------------------------
     @readable_errors
@@ -289,10 +294,12 @@ class MediagenApp:
         return read_as(prompt, caption_template(models, "video", attention), trained_on(models, "video", attention),
                        rewrite)
 
-    def prompt_note(self, prompt, attention) -> str:
-        """What the video model behind ``attention`` cannot read in ``prompt`` (``prompts.prompt_note``)."""
+    def prompt_note(self, prompt, attention, still: bool = False) -> str:
+        """What the video model behind ``attention`` cannot read in ``prompt`` (``prompts.prompt_note``; ``still``:
+        for a one-frame still, where no direction is asked)."""
         models = self.cache.models
-        return prompt_note(prompt, model_name(models, "video", attention), trained_on(models, "video", attention))
+        return prompt_note(prompt, model_name(models, "video", attention), trained_on(models, "video", attention),
+                           still)
 
     def size_note(self, attention, frames: int, height: int, width: int) -> str:
         """A note when the video model behind ``attention`` never trained at this size (``prompts.size_note``)."""

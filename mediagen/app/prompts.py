@@ -64,10 +64,10 @@ def read_as(prompt: str, template: str | None, trained_on: dict | None = None, r
     return used, ("" if why.startswith(LEFT_AS_WRITTEN) else f"read as: {used}")
 
 
-def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None) -> str:
+def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None, still: bool = False) -> str:
     """One line saying what the models cannot read in ``prompt``, "" when they read all of it. ``model`` /
     ``trained_on``: the model drawing the clip and its card's "trained_on", for a prompt naming more digits
-    than its training clips held."""
+    than its training clips held. ``still``: the prompt is for a still (one frame), where no direction is asked."""
     prompt = prompt if isinstance(prompt, str) else ""
     big = big_numbers(prompt)
     if big:
@@ -87,11 +87,11 @@ def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None
     if isinstance(trained, int) and not isinstance(trained, bool) and named > trained:
         return (f"This prompt names {named} digits ({digits}): {model or 'this model'} is trained on "
                 f"{_COUNT.get(trained, f'{trained} digits')} a clip, so the clip may not show them all.")
-    still = [str(d) for d, way in zip(parsed.digits, parsed.directions) if way is None]
-    if still:
+    standing = [] if still else [str(d) for d, way in zip(parsed.digits, parsed.directions) if way is None]
+    if standing:
         # the models trained on clips captioned without a direction as still clips
         return (f"This prompt names no direction the models know (left, right, up or down) for the digit "
-                f"{' and '.join(still)}, so it stands still in the clip.")
+                f"{' and '.join(standing)}, so it stands still in the clip.")
     return ""
 
 

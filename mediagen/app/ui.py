@@ -132,10 +132,13 @@ def _image_tab(app: MediagenApp, d: dict):
             seed, steps, guidance = _common_controls(app, d, None)
             typed = _typed(steps)
             runtime = _runtime_radio(app)
+            rewrite = _rewrite_box("image-rewrite", visible=False)
             run = gr.Button("Generate image", variant="primary", elem_id="image-run")
             status = _status("image")
         with gr.Column():
             gallery = gr.Gallery(label="images", columns=2, elem_id="image-gallery")
+            # prompt mode: how the prompt was read and what in it the models cannot read, as the Video tab
+            note = gr.Markdown("", label="prompt note", elem_id="image-note")
             downloads = gr.File(label="download", file_count="multiple")
             timings = gr.JSON(label="latency per stage (ms)")
 
@@ -145,26 +148,27 @@ def _image_tab(app: MediagenApp, d: dict):
         value = _first_choice(app, mode_value)  # another mode draws with another model
         prompt_mode = mode_value != "class"
         return (gr.update(choices=offered, value=value), app.info(family, value), gr.update(visible=not prompt_mode),
-                *(gr.update(visible=prompt_mode) for _ in range(6)),
+                *(gr.update(visible=prompt_mode) for _ in range(7)),
                 gr.update() if steps_typed else gr.update(value=lim.start_steps(prompt_mode)))
 
     mode.change(on_mode, [mode, typed], [attention, info, class_label, prompt, negative, encoder, encoder_note, height,
-                                         width, steps], api_name=False)
+                                         width, rewrite, steps], api_name=False)
     encoder.change(app.encoder_info, encoder, encoder_note, api_name=False)
     attention.change(lambda m, a: app.info("image" if m == "class" else "video", a), [mode, attention], info,
                      api_name=False)
     run.click(app.image, [mode, class_label, prompt, negative, attention, encoder, batch, seed, steps, guidance,
-                          height, width, runtime], [gallery, downloads, timings], api_name="generate_image",
+                          height, width, runtime, rewrite], [gallery, downloads, timings, note],
+              api_name="generate_image",
               show_progress_on=[status])
     return steps
 
 
-def _rewrite_box(elem_id: str) -> gr.Checkbox:
+def _rewrite_box(elem_id: str, visible: bool = True) -> gr.Checkbox:
     """The switch for prompt rewriting: on, a model trained on one caption template gets the prompt in it."""
     return RawCheckbox(value=True, label="rewrite the prompt to the model's caption template",
                        info="the shipped video models were trained on one wording (\"the digit 3 moves left\") and "
                             "draw the asked digit far less often from others; the output says how the prompt was read",
-                       elem_id=elem_id)
+                       elem_id=elem_id, visible=visible)
 
 
 def _video_tab(app: MediagenApp, d: dict):
