@@ -741,7 +741,8 @@ def test_the_video_tab_and_compare_do_not_offer_a_withheld_encoder_and_say_why(t
 # --- the Video tab says what the models read, and notes a prompt they cannot -------------------------------
 
 def test_prompt_notes_say_what_the_models_cannot_read():
-    from mediagen.app.prompts import help_text, prompt_note
+    from mediagen.app.prompts import help_text
+    from mediagen.pipelines.prompts import prompt_note
 
     one = {"digits": 1, "wording": "the digit 3 moves left"}
     for readable in ("the digit 7 moves left", "three slides up", "a handwritten 0 drifting to the right"):
@@ -927,7 +928,7 @@ def test_a_refusal_names_the_attention_that_fits_the_bound(tmp_path):
 def test_a_clip_at_a_size_the_model_never_trained_at_gets_a_note():
     """The shipped video models' cards list the sizes they trained at; a clip asked at another size gets a note
     saying so beside it (at 32x128x128 the 1,024-token video-sdpa draws no moving digit), none at a trained size."""
-    from mediagen.app.prompts import size_note
+    from mediagen.pipelines.prompts import size_note
     from mediagen.pipelines.catalog import checkpoint, read_card
 
     card = read_card(checkpoint("video", "sdpa"))

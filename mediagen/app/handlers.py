@@ -16,20 +16,20 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from ..pipelines.generate_cli import DTYPES
+from ..pipelines.generate_cli import DTYPES, MAX_SEED
 from ..pipelines.names import RUNTIMES
+from ..pipelines.prompts import prompt_note, size_note
 from . import bench_results, compare, files, generation
 from .limits import Limits, TimeBudget, bounded_float, bounded_int, bounded_prompt, bounded_side, rejected
 from .models import (ModelCache, ModelSet, caption_template, default_models, encoder_details, encoder_info,
                      info_markdown, model_details, model_info, model_name, served_size, trained_on)
-from .prompts import help_text, prompt_note, read_as, size_note
+from .prompts import help_text, read_as
 from .sizes import default_video_size, image_grid, image_side, video_geometry, video_grid
 
 IMAGE_MODES = ("class", "prompt")
 COMPARE_TASKS = ("text-to-video", "text-to-image", "class-to-image")
 TEXT_TASKS = ("text-to-video", "text-to-image")      # the tasks that read a prompt through a text encoder
 BENCH_SOURCES = ("recorded", "fresh")
-MAX_SEED = 2**31 - 1
 
 
 def readable_errors(fn):

@@ -1,6 +1,7 @@
-"""What the video models understand in a prompt: the Video tab's help text, the note beside a clip whose
-prompt they cannot read, and the prompt a model is given when it gets prompts rewritten to its caption
-template (``read_as``).
+"""What the video models understand in a prompt: the Video tab's help text and the prompt a model is given
+when it gets prompts rewritten to its caption template (``read_as``); the notes beside an output whose prompt
+or size the models cannot read are ``mediagen.pipelines.prompts.prompt_note`` / ``size_note``, which
+`mediagen generate` prints too.
 
 Prompts are read as the clip scorer reads them (``mediagen.data.captions.parse_prompt``, which reads every
 wording of ``mediagen.training.data.wordings``): digits 0–9 as numerals or number words ("7", "seven"), each
@@ -19,8 +20,7 @@ with other wordings it draws the asked digit far less often. The page shows what
 
 from __future__ import annotations
 
-from ..data.captions import big_numbers, parse_prompt
-from ..pipelines.prompts import LEFT_AS_WRITTEN, MAX_DIGITS, rewrite_prompt
+from ..pipelines.prompts import LEFT_AS_WRITTEN, rewrite_prompt
 
 _COUNT = {1: "one digit", 2: "two digits"}
 
@@ -64,47 +64,3 @@ def read_as(prompt: str, template: str | None, trained_on: dict | None = None, r
     return used, ("" if why.startswith(LEFT_AS_WRITTEN) else f"read as: {used}")
 
 
-def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None, still: bool = False) -> str:
-    """One line saying what the models cannot read in ``prompt``, "" when they read all of it. ``model`` /
-    ``trained_on``: the model drawing the clip and its card's "trained_on", for a prompt naming more digits
-    than its training clips held. ``still``: the prompt is for a still (one frame), where no direction is asked."""
-    prompt = prompt if isinstance(prompt, str) else ""
-    big = big_numbers(prompt)
-    if big:
-        them = "it" if len(big) == 1 else "them"
-        return (f"The models cannot read {', '.join(big)} in this prompt: they know the digits 0–9 only, so the clip "
-                f"does not follow {them}.")
-    parsed = parse_prompt(prompt)
-    if parsed is None:
-        return ("The models cannot read this prompt: it names no digit. They draw the digits 0–9, named as \"7\" or "
-                "\"seven\" (\"the digit 7 moves left\"), so this clip shows no asked digit.")
-    named = len(parsed.digits)
-    digits = ", ".join(str(d) for d in parsed.digits)
-    if named > MAX_DIGITS:
-        return (f"The models cannot read this prompt: it names {named} digits ({digits}) and they draw one or two "
-                "a clip, so the clip does not show them all.")
-    trained = trained_on.get("digits") if isinstance(trained_on, dict) else None
-    if isinstance(trained, int) and not isinstance(trained, bool) and named > trained:
-        return (f"This prompt names {named} digits ({digits}): {model or 'this model'} is trained on "
-                f"{_COUNT.get(trained, f'{trained} digits')} a clip, so the clip may not show them all.")
-    standing = [] if still else [str(d) for d, way in zip(parsed.digits, parsed.directions) if way is None]
-    if standing:
-        # the models trained on clips captioned without a direction as still clips
-        return (f"This prompt names no direction the models know (left, right, up or down) for the digit "
-                f"{' and '.join(standing)}, so it stands still in the clip.")
-    return ""
-
-
-def size_note(model: str | None, trained_on: dict | None, frames: int, height: int, width: int) -> str:
-    """A note for a clip asked at a size the model never trained at (its card's "trained_on" "sizes", each
-    frames x height x width); "" at a trained size or when the card names none. Such clips are outside what
-    the model learned: the 1,024-token models drew no moving digit at 32x128x128 (docs/RESULTS.md, Long clips)."""
-    sizes = trained_on.get("sizes") if isinstance(trained_on, dict) else None
-    if not sizes:
-        return ""
-    trained = [(s.get("frames"), s.get("height"), s.get("width")) for s in sizes if isinstance(s, dict)]
-    if (frames, height, width) in trained:
-        return ""
-    listed = ", ".join(f"{f} frames of {h}×{w}" for f, h, w in trained)
-    return (f"{model or 'This model'} was trained on {listed}; a clip of {frames} frames of {height}×{width} is "
-            f"outside what it learned and may not show the asked digit or motion.")

@@ -66,3 +66,49 @@ def rewrite_prompt(prompt: str, template: str = CAPTION_TEMPLATE, max_digits: in
 def rewrite_prompts(prompts, template: str, max_digits: int | None = None) -> list[str]:
     """``rewrite_prompt`` over a list, the rewritten prompts only."""
     return [rewrite_prompt(p, template, max_digits)[0] for p in prompts]
+
+
+def prompt_note(prompt, model: str | None = None, trained_on: dict | None = None, still: bool = False) -> str:
+    """One line saying what the models cannot read in ``prompt``, "" when they read all of it. ``model`` /
+    ``trained_on``: the model drawing the clip and its card's "trained_on", for a prompt naming more digits
+    than its training clips held. ``still``: the prompt is for a still (one frame), where no direction is asked."""
+    prompt = prompt if isinstance(prompt, str) else ""
+    big = big_numbers(prompt)
+    if big:
+        them = "it" if len(big) == 1 else "them"
+        return (f"The models cannot read {', '.join(big)} in this prompt: they know the digits 0–9 only, so the clip "
+                f"does not follow {them}.")
+    parsed = parse_prompt(prompt)
+    if parsed is None:
+        return ("The models cannot read this prompt: it names no digit. They draw the digits 0–9, named as \"7\" or "
+                "\"seven\" (\"the digit 7 moves left\"), so this clip shows no asked digit.")
+    named = len(parsed.digits)
+    digits = ", ".join(str(d) for d in parsed.digits)
+    if named > MAX_DIGITS:
+        return (f"The models cannot read this prompt: it names {named} digits ({digits}) and they draw one or two "
+                "a clip, so the clip does not show them all.")
+    trained = trained_on.get("digits") if isinstance(trained_on, dict) else None
+    if isinstance(trained, int) and not isinstance(trained, bool) and named > trained:
+        return (f"This prompt names {named} digits ({digits}): {model or 'this model'} is trained on "
+                f"{_COUNT.get(trained, f'{trained} digits')} a clip, so the clip may not show them all.")
+    standing = [] if still else [str(d) for d, way in zip(parsed.digits, parsed.directions) if way is None]
+    if standing:
+        # the models trained on clips captioned without a direction as still clips
+        return (f"This prompt names no direction the models know (left, right, up or down) for the digit "
+                f"{' and '.join(standing)}, so it stands still in the clip.")
+    return ""
+
+
+def size_note(model: str | None, trained_on: dict | None, frames: int, height: int, width: int) -> str:
+    """A note for a clip asked at a size the model never trained at (its card's "trained_on" "sizes", each
+    frames x height x width); "" at a trained size or when the card names none. Such clips are outside what
+    the model learned: the 1,024-token models drew no moving digit at 32x128x128 (docs/RESULTS.md, Long clips)."""
+    sizes = trained_on.get("sizes") if isinstance(trained_on, dict) else None
+    if not sizes:
+        return ""
+    trained = [(s.get("frames"), s.get("height"), s.get("width")) for s in sizes if isinstance(s, dict)]
+    if (frames, height, width) in trained:
+        return ""
+    listed = ", ".join(f"{f} frames of {h}×{w}" for f, h, w in trained)
+    return (f"{model or 'This model'} was trained on {listed}; a clip of {frames} frames of {height}×{width} is "
+            f"outside what it learned and may not show the asked digit or motion.")
