@@ -59,7 +59,8 @@ def test_generate_bad_input_is_a_readable_error(tmp_path, capsys):
     assert main(["generate", "--model", "dit-tiny", "--prompt", "x", "--out", str(tmp_path / "a.png")]) == 2
     assert "--class-label" in capsys.readouterr().err
     assert main(["generate", "--model", "nope", "--out", str(tmp_path / "a.png")]) == 2
-    assert "model='nope'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "model='nope'" in err and "a shipped checkpoint (image-sdpa, image-mhla" in err and "video-mhla" in err
     assert main(["generate", "--model", "dit-tiny", "--out", str(tmp_path / "a.mp4")]) == 2
     assert "png" in capsys.readouterr().err
 

@@ -33,7 +33,8 @@ def register(sub):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--videos", help="folder of videos (mp4, gif, webm, npy, ...), or an .npz file with arrays "
                                       "'videos' (uint8, N x F x H x W or N x F x H x W x C) and 'prompts' (strings)")
-    src.add_argument("--checkpoint", help="a saved text-to-video pipeline folder (needs mediagen.pipelines)")
+    src.add_argument("--checkpoint", help="a shipped text-to-video checkpoint's name (video-mhla, video-sdpa) or a saved "
+                                         "text-to-video pipeline folder")
     p.add_argument("--prompts", default=None,
                    help="prompt file: one prompt per line, or JSON (a list, or {video file name: prompt}). "
                         "Videos named '<prompt>-<i>.mp4' (VBench's naming) are matched by name, others in "

@@ -71,8 +71,11 @@ def build_pipeline(model: str, *, task: str | None = None, attention=None, block
     elif (path / "config.json").is_file():
         pipe = pipeline_around(load_transformer(path), make_scheduler(scheduler or "flow-euler", shift), task)
     else:
+        from .catalog import shipped_names
+
         raise ValueError(f"model={model!r} is neither a preset ({', '.join(sorted(PRESETS))}), a shipped checkpoint "
-                         f"(a folder name in {checkpoints_dir()}) nor a folder with model_index.json or config.json")
+                         f"({', '.join(shipped_names())}: folders in {checkpoints_dir()}) nor a folder with "
+                         f"model_index.json or config.json")
     if task == "text-to-image" and isinstance(pipe, TextToVideoPipeline) and not isinstance(pipe, TextToImagePipeline):
         config = pipe.config   # components leave out the pipeline's own settings
         pipe = TextToImagePipeline(**pipe.components, caption_template=config.caption_template,
