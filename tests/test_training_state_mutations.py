@@ -240,3 +240,37 @@ def test_exported_scheduler_has_the_objectives_train_timesteps(tmp_path, kind):
             torch.testing.assert_close(sched.timesteps, sched.sigmas[:-1] * 500)
         else:
             torch.testing.assert_close(sched.alphas_cumprod.float(), Objective(cfg.objective).alphas_cumprod)
+
+
+def test_an_fp16_runs_loss_scale_survives_a_resume(tmp_path):
+    """fp16 trains under a loss scaler whose scale is learned (halved on overflow, grown after quiet steps): the
+    checkpoint keeps it and a resume restores it, so the resumed run scales and skips steps as the first would.
+    (accelerate refuses fp16 on a CPU, so the runs here are stand-ins holding what save and restore touch.)"""
+    from types import SimpleNamespace
+
+    from mediagen.training import checkpoint as ckpt
+    from mediagen.training.trainer import restore, save_checkpoint
+
+    def stand_in(scaler):
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.AdamW(model.parameters())
+        acc = SimpleNamespace(scaler=scaler, is_main_process=True, process_index=0, device="cpu",
+                              get_state_dict=lambda m: m.state_dict(), wait_for_everyone=lambda: None)
+        return SimpleNamespace(accelerator=acc, model=model, optimizer=SimpleNamespace(optimizer=opt), ema=None,
+                               scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                               cfg=SimpleNamespace(output_dir=str(tmp_path), checkpoint=SimpleNamespace(keep_last=1)))
+
+    learned = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+               "_growth_tracker": 7}
+    first = torch.amp.GradScaler("cpu")
+    first.load_state_dict(learned)
+    save_checkpoint(stand_in(first), 5)
+    folder = ckpt.list_checkpoints(tmp_path)[-1][1]
+    resumed = torch.amp.GradScaler("cpu")                              # a fresh run starts at 65,536
+    restore(stand_in(resumed), folder)
+    assert resumed.state_dict() == learned
+    # a checkpoint of another precision (no scaler saved) leaves a scaler as it is
+    save_checkpoint(stand_in(None), 6)
+    other = torch.amp.GradScaler("cpu")
+    restore(stand_in(other), ckpt.list_checkpoints(tmp_path)[-1][1])
+    assert other.state_dict()["scale"] == 65536.0

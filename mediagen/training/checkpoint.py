@@ -234,13 +234,14 @@ def write_rng(tmp: Path, rank: int) -> None:
 
 
 def write_main(tmp: Path, *, step: int, model_state: dict, optimizer_state: dict, scheduler_state: dict,
-               ema=None) -> None:
-    """(main process) everything but the RNG files."""
+               ema=None, scaler_state: dict | None = None) -> None:
+    """(main process) everything but the RNG files. ``scaler_state``: an fp16 run's loss-scaler state (its scale
+    and growth count: plain numbers), None in other precisions."""
     save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"))
     tensors, meta = flatten_optimizer_state(optimizer_state)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     _write_json(tmp / "optimizer.json", meta)
-    state = {"step": step, "scheduler": scheduler_state, "ema_updates": None}
+    state = {"step": step, "scheduler": scheduler_state, "ema_updates": None, "scaler": scaler_state}
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.state_dict().items()}, str(tmp / "ema.safetensors"))
         state["ema_updates"] = ema.updates

@@ -256,8 +256,11 @@ def save_checkpoint(run: Run, step: int) -> None:
     tmp = ckpt.tmp_dir_for(out, step)
     ckpt.write_rng(tmp, acc.process_index)
     if acc.is_main_process:
+        # fp16: the loss scale the run has learned, so a resumed run scales (and skips steps) as this one would
+        scaler = getattr(acc, "scaler", None)
         ckpt.write_main(tmp, step=step, model_state=model_state, optimizer_state=optim_state,
-                        scheduler_state=run.scheduler.state_dict(), ema=run.ema)
+                        scheduler_state=run.scheduler.state_dict(), ema=run.ema,
+                        scaler_state=scaler.state_dict() if scaler is not None else None)
     acc.wait_for_everyone()
     if acc.is_main_process:
         ckpt.publish(out, step, run.cfg.checkpoint.keep_last)
@@ -265,13 +268,17 @@ def save_checkpoint(run: Run, step: int) -> None:
 
 
 def restore(run: Run, folder: Path) -> None:
-    """Optimizer, LR schedule, EMA and RNG from ``folder`` (the weights were loaded before prepare)."""
+    """Optimizer, LR schedule, fp16 loss scale, EMA and RNG from ``folder`` (the weights were loaded before
+    prepare)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     state = ckpt.read_state(folder)
     set_optimizer_state_dict(run.model, run.optimizer.optimizer, ckpt.read_optimizer(folder),
                              options=StateDictOptions(full_state_dict=True))
     run.scheduler.load_state_dict(state["scheduler"])
+    scaler = getattr(run.accelerator, "scaler", None)
+    if scaler is not None and state.get("scaler"):   # absent in checkpoints of other precisions
+        scaler.load_state_dict(state["scaler"])
     if run.ema is not None:
         ema = ckpt.read_ema(folder)
         if ema is None:
