@@ -282,3 +282,23 @@ def test_reference_choice_is_in_the_json_and_checked_before_work(tmp_path, capsy
     assert rc == 2 and "--reference-num=100 is too few: use --reference-num 129 or more" in capsys.readouterr().err
     rc = main(["fid", "--samples", str(npz), "--reference", "mnist-test"])
     assert rc == 2 and "'mnist', 'mnist-train', 'mnist-all'" in capsys.readouterr().err
+
+
+def test_too_few_reference_images_of_a_folder_names_reference_num(tmp_path, capsys, digits):
+    """--reference-num cuts a folder / .npz reference short: the error names that flag (as it does for the digit
+    references), not the reference, which holds enough images."""
+    from mediagen.cli import main
+
+    samples, ref = tmp_path / "s.npz", tmp_path / "ref.npz"
+    np.savez(samples, images=digits[:200])
+    np.savez(ref, images=digits[5000:5500])                  # 500 images: enough for the 128-d mnist features
+    rc = main(["fid", "--samples", str(samples), "--reference", str(ref), "--features", "mnist",
+               "--reference-num", "100", "--quiet", "--out", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--reference-num=100 is too few: use --reference-num 129 or more" in err, err
+    assert "holds 100 images" not in err
+    small = tmp_path / "small.npz"
+    np.savez(small, images=digits[5000:5100])
+    rc = main(["fid", "--samples", str(samples), "--reference", str(small), "--features", "mnist", "--quiet",
+               "--out", str(tmp_path / "r.json")])
+    assert rc == 2 and f"--reference {small} holds 100 images: give 129 or more" in capsys.readouterr().err

@@ -77,3 +77,20 @@ def test_vbench_cli_samples_in_the_asked_dtype_and_records_it(folder, tmp_path):
     assert json.loads((tmp_path / "default.json").read_text())["sampling_dtype"] == "float32"
     assert json.loads((tmp_path / "bf16.json").read_text())["sampling_dtype"] == "bfloat16"
     assert any(not np.array_equal(a, b) for a, b in zip(clips["default"], clips["bf16"]))
+
+
+def test_each_prompt_gets_its_own_video_in_a_short_last_batch(monkeypatch):
+    """5 prompts in batches of 3: the last batch holds prompts 3 and 4, and video i is drawn from prompt i
+    (not the last batch's prompts rotated by the batch start)."""
+    from mediagen.eval import sampling
+
+    class Fake:
+        def __call__(self, prompt, generator=None, output_type="np", num_frames=2):
+            # each clip shows its prompt's number as its pixel value
+            return {"frames": np.stack([np.full((num_frames, 4, 4, 3), int(p.split()[-1]), np.uint8)
+                                        for p in prompt])}["frames"]
+
+    monkeypatch.setattr(sampling, "load_pipeline", lambda checkpoint, device="cpu", dtype=None: Fake())
+    prompts = [f"prompt {i}" for i in range(5)]
+    videos = sample_videos("fake", prompts, progress=False, batch_size=3)
+    assert [int(v[0, 0, 0, 0]) for v in videos] == [0, 1, 2, 3, 4]

@@ -231,3 +231,16 @@ def test_subject_and_background_consistency_differ_by_default(real):
     noise = np.random.default_rng(0).integers(0, 256, clip.shape, dtype=np.uint8)
     assert vq.consistency(clip, subject) >= 0.99  # the digit itself never changes while it moves
     assert vq.consistency(noise, subject) <= 0.93
+
+
+def test_integer_colour_frames_keep_the_0_255_range():
+    """uint8 values are 0..255 whatever the layout: a dim uint8 RGB clip (values 0 and 1) is not read as a
+    [0, 1] float clip and stretched to full-brightness ink, as the same clip in grey is not."""
+    grey = np.zeros((4, 16, 16), np.uint8)
+    grey[:, ::2, ::2] = 1
+    rgb = np.repeat(grey[..., None], 3, -1)
+    assert as_grey_clip(grey).max() == 1.0
+    assert as_grey_clip(rgb).max() == 1.0
+    assert np.array_equal(as_grey_clip(rgb), as_grey_clip(grey))
+    with pytest.raises(ValueError, match=r"video values 0\.\.300 are not allowed for integer frames"):
+        as_grey_clip(np.repeat(np.linspace(0, 300, 4 * 16 * 16).astype(np.int32).reshape(4, 16, 16)[..., None], 3, -1))

@@ -196,3 +196,17 @@ def test_vbench_scores_stills_by_digit_only(tmp_path):
         assert rep["semantic_rates"]["clips"] == 10 and rep["semantic_rates"]["direction"] is None
         assert rep["semantic_rates"]["digit"] >= want if want else rep["semantic_rates"]["digit"] == 0.0
         assert rep["quality"] is None and "subject_consistency" not in rep["raw"]
+
+
+def test_two_frame_videos_score_without_motion_smoothness():
+    """Motion smoothness re-creates frame 1 from frames 0 and 2, so a two-frame clip has none to score: it gets the
+    other quality dimensions (which compare two frames) instead of stopping the run."""
+    from mediagen.eval.frame_features import get_frame_extractor
+    from mediagen.eval.vbench import evaluate_videos
+
+    fx = get_frame_extractor("pixels")
+    two = make_videos()["moving"][:2]
+    rep = evaluate_videos([two], [None], fx, fx, progress=False)
+    assert "motion_smoothness" not in rep["raw"]
+    assert rep["raw"]["temporal_flickering"] == pytest.approx(vq.temporal_flickering(two))
+    assert rep["raw"]["subject_consistency"] == pytest.approx(vq.consistency(two, fx))

@@ -84,6 +84,7 @@ def as_grey_clip(video) -> np.ndarray:
     values in [-1, 1] as -1..1 (the models' output ranges). Colour is averaged to grey, and a clip
     whose median is light is inverted (dark ink on a light background)."""
     v = np.stack([np.asarray(f) for f in video]) if isinstance(video, (list, tuple)) else np.asarray(video)
+    integer = np.issubdtype(v.dtype, np.integer)  # before colour is averaged to float: still 0..255
     if v.ndim == 4 and v.shape[-1] in (1, 3, 4):
         v = v[..., :3].astype(np.float32).mean(axis=-1) if v.dtype != bool else v[..., 0]
     if v.ndim != 3 or min(v.shape) < 1:
@@ -91,7 +92,7 @@ def as_grey_clip(video) -> np.ndarray:
                          "(frames, height, width, channels) with 1, 3 or 4 channels")
     if v.dtype == bool:
         g = v.astype(np.float32) * 255.0
-    elif np.issubdtype(v.dtype, np.integer) or v.dtype == np.uint8:
+    elif integer:
         lo, hi = int(v.min()), int(v.max())
         if lo < 0 or hi > 255:
             raise ValueError(f"video values {lo}..{hi} are not allowed for integer frames: use 0..255")

@@ -98,8 +98,12 @@ def load_reference(spec: str, extractor, batch_size: int = 64, limit: int | None
     if digits:
         check_reference_count(spec, extractor.dim, extractor.name, limit)
     images = reference_images(spec, limit)
-    check_enough_samples(len(images), extractor.dim, "reference images", extractor.name,
-                         f"--reference {spec} holds {len(images)} images: give {extractor.dim + 1} or more")
+    if limit:  # the reference holds at least ``limit`` images (load_images checks): --reference-num cut it short
+        fix = (f"--reference-num={limit} is too few: use --reference-num {extractor.dim + 1} or more, "
+               "or leave it out")
+    else:
+        fix = f"--reference {spec} holds {len(images)} images: give {extractor.dim + 1} or more"
+    check_enough_samples(len(images), extractor.dim, "reference images", extractor.name, fix)
     feats = extract_features(images, extractor, batch_size, progress, desc=f"reference {extractor.name}")
     mu, sigma = feature_stats(feats)
     described = mnist_reference_set(spec, limit) if digits else f"images in {spec} ({len(feats)} images)"

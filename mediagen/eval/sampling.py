@@ -108,7 +108,9 @@ def sample_videos(checkpoint, prompts, seed: int = 0, device="cpu", progress=Tru
     videos = []
     for start in tqdm(range(0, len(prompts), batch_size), desc="sampling videos", disable=not progress):
         chunk = list(prompts[start:start + batch_size])
-        out = _to_uint8(_call(pipe, len(chunk), seed, start, chunk, **kwargs))
+        # _call takes prompt index + j of the list it is given: the whole list, so a short last chunk
+        # (start not a multiple of its length) is not rotated
+        out = _to_uint8(_call(pipe, len(chunk), seed, start, list(prompts), **kwargs))
         for video in (out if out.ndim == 5 else out[None]):
             if video.shape[-1] == 1:
                 video = np.repeat(video, 3, axis=-1)

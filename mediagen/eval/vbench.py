@@ -29,7 +29,8 @@ def score_video(video, prompt: str | None, subject_fx, background_fx, fps=None, 
             feats = extract_features(list(video), fx, 32, progress=False)
             out[name] = q.consistency_from_features(feats)
         out["temporal_flickering"] = q.temporal_flickering(video)
-        out["motion_smoothness"] = q.motion_smoothness(video)
+        if len(video) > 2:  # it re-creates frame 1 from frames 0 and 2: a two-frame clip has none to score
+            out["motion_smoothness"] = q.motion_smoothness(video)
         out["dynamic_degree"] = float(q.dynamic_degree(video, fps))
     parsed = parse_prompt(prompt) if prompt else None
     if parsed is not None:
