@@ -253,6 +253,12 @@ def test_convert_a_pipeline_records_the_new_class():
     (dict(attention="mhla", blocks=[1, 2, 2], feature_map="gelu"), ["feature_map='gelu'", "relu"]),
     (dict(attention="mhla", blocks=[1, 2, 2], rope="post"), ["rope='post'", "features"]),
     (dict(attention=["mhla", "softmax", "sdpa"], blocks=[1, 2, 2]), ["attention[1]='softmax'"]),
+    # neither a name nor a list of names: refused naming the parameter (was "TypeError: 'NoneType' object is
+    # not iterable", or a bytes / dict value read as a list of its items)
+    (dict(attention=None), ["attention=None", "'mhla'", "one per layer"]),
+    (dict(attention=3), ["attention=3", "'mhla'", "one per layer"]),
+    (dict(attention=b"mhla"), ["attention=b'mhla'", "'mhla'", "one per layer"]),
+    (dict(attention={"mhla": 1}), ["attention={'mhla': 1}", "'mhla'", "one per layer"]),
 ])
 def test_bad_conversion_input_names_the_parameter(kwargs, words):
     with pytest.raises(ValueError) as err:

@@ -137,6 +137,11 @@ def layer_attentions(attention: str | Sequence[str | None], num_layers: int,
     """Resolve ``attention`` (+ optional ``layers``) into one entry per layer; ``None`` marks a layer
     the request does not name (it keeps what it has)."""
     if not isinstance(attention, str):  # an explicit per-layer list
+        # a list of names, one per layer: bytes and mappings iterate over bytes / keys, not names, and
+        # anything else is not a sequence at all
+        if isinstance(attention, (bytes, bytearray, dict)) or not hasattr(attention, "__iter__"):
+            raise ValueError(f"attention={attention!r} is not allowed: use one of {attention_choices()} "
+                             f"or a list of {registry.names()} (or None), one per layer")
         names = list(attention)
         if layers is not None:
             raise ValueError("layers must be None when attention is a per-layer list of names")
