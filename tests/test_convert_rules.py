@@ -92,6 +92,28 @@ def test_a_different_spec_on_converted_layers_needs_reinit():
     assert procs(model)[0].core.mix.shape == (2, 2) and not torch.all(procs(model)[0].core.mix == 0.5)
 
 
+def test_converting_again_after_the_processors_were_replaced_converts_them():
+    """A converted model whose layers were given back the stock processor through diffusers
+    (``set_attn_processor``) still has ``mhla`` in its config, but its layers hold no MHLA weights: converting
+    again builds those layers afresh, as it would an unconverted layer (keeping the stock processor left the
+    model running softmax under an "mhla" config; adding a CPE raised AttributeError)."""
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    inputs = wan_inputs()
+    fresh = run(convert_quiet(tiny_wan(), "mhla", blocks=(1, 2, 2), cpe_kernel=3), inputs)
+    for kwargs in (dict(blocks=(1, 2, 2)), dict(cpe_kernel=3), dict(blocks=(1, 2, 2), cpe_kernel=3)):
+        model = convert_quiet(tiny_wan(), "mhla", blocks=(1, 2, 2))
+        model.set_attn_processor(WanAttnProcessor())                 # diffusers' way back to softmax
+        convert_quiet(model, "mhla", **kwargs)
+        assert [getattr(p, "kind", None) for p in procs(model)] == ["mhla"] * 3
+        if kwargs.get("cpe_kernel"):
+            assert torch.equal(run(model, inputs), fresh)           # the same as converting the plain model
+    model = convert_quiet(tiny_wan(), "mhla", blocks=(1, 2, 2))
+    model.set_attn_processor(WanAttnProcessor())
+    convert_quiet(model, "linear")                                    # no trained weights to protect: no reinit
+    assert [getattr(p, "kind", None) for p in procs(model)] == ["linear"] * 3
+
+
 def test_later_conversions_keep_the_earlier_ones_and_round_trip(tmp_path):
     model = tiny_dit()
     inputs = dit_inputs()

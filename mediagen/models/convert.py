@@ -11,6 +11,7 @@ from .attention_setup import apply_attention, check_head_dims
 from .attention_spec import AttentionSpec, auto_blocks, is_int, layer_attentions
 from .converted import CONFIG_KEY, converted_class_for
 from .families import family_of
+from .processors import GridSelfAttnProcessor
 
 
 def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Sequence[int] | None = None,
@@ -85,6 +86,15 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     if old is not None and len(old.layers) != num_layers:
         raise ValueError(f"config.{CONFIG_KEY} lists {len(old.layers)} layers but the model has {num_layers}")
     old_layers = old.layers if old is not None else [None] * num_layers
+    if old is not None:
+        # A named layer recorded as linear / MHLA whose processor has since been replaced (diffusers'
+        # set_attn_processor / set_processor) holds none of that attention's weights: it converts as a fresh
+        # layer, neither kept as recorded (the model would go on running the other processor) nor refused as
+        # if converting it again would lose trained weights.
+        attns = fam.self_attentions(model)
+        for i, kind in enumerate(old.layers):
+            if asked[i] is not None and kind in registry.converted_names() and not _has_processor_of(attns[i], kind):
+                old.layers[i] = None
     names = [a if a is not None else o for a, o in zip(asked, old_layers)]
     opts = dict(old.options() if old is not None else registry.option_defaults(), **options)
     if old is None and "rope" not in options and fam.name == "wan":
@@ -141,6 +151,11 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
     apply_attention(model, spec, keep=keep, carry=carry)
     model.register_to_config(**{CONFIG_KEY: spec.to_dict()})
     return model
+
+
+def _has_processor_of(attn, kind: str) -> bool:
+    """Whether a self-attention layer runs the processor a conversion to ``kind`` gave it."""
+    return isinstance(attn.processor, GridSelfAttnProcessor) and attn.processor.kind == kind
 
 
 def _adds_cpe_only(old: AttentionSpec, new: AttentionSpec, i: int) -> bool:
