@@ -95,6 +95,23 @@ def test_class_image_output_types():
     assert bigger.shape == (1, 12, 12, 1)  # another resolution: the grid follows
 
 
+def test_class_labels_take_integers_of_any_integer_type():
+    """Class indices as numpy or torch integers (a label array, a tensor, one numpy int), as diffusers' DiTPipeline
+    takes them, give the samples of the same ints; they were refused as out of range ("class_labels contains
+    np.int64(3): class indices run from 0 to 9") or failed with a TypeError. Floats and bools stay refused."""
+    pipe = dit_pipe()
+    want = pipe([3, 7], num_inference_steps=1, output_type="np", generator=gen(0)).images
+    for labels in (np.array([3, 7]), torch.tensor([3, 7]), [np.int64(3), torch.tensor(7)]):
+        assert np.array_equal(pipe(labels, num_inference_steps=1, output_type="np", generator=gen(0)).images, want)
+    one = pipe(3, num_inference_steps=1, output_type="np", generator=gen(0)).images
+    for label in (np.int64(3), torch.tensor(3)):
+        assert np.array_equal(pipe(label, num_inference_steps=1, output_type="np", generator=gen(0)).images, one)
+    for bad, shown in ((3.0, "3.0"), ([True], "True"), (torch.tensor([1.5]), "1.5"), (torch.tensor(1.5), "1.5"),
+                       ("3", "'3'")):
+        with pytest.raises(ValueError, match=rf"class_labels .*{shown}.*class indices"):
+            pipe(bad, num_inference_steps=1)
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_text_to_video_every_scheduler(scheduler):
     pipe = wan_pipe(scheduler=scheduler)

@@ -35,13 +35,23 @@ class ClassConditionalImagePipeline(RuntimeMixin, DiffusionPipeline):
         return int(self.transformer.config.num_embeds_ada_norm)
 
     def check_labels(self, class_labels) -> list[int]:
-        labels = [class_labels] if isinstance(class_labels, int) else list(class_labels)
+        """The class indices as Python ints. Labels may be ints of any integer type (numpy's, a 0-d or 1-d integer
+        tensor or array, as diffusers' DiTPipeline takes them); one label or a sequence of them."""
+        if getattr(class_labels, "ndim", None) == 0 or isinstance(class_labels, (int, str, bytes)) \
+                or not hasattr(class_labels, "__iter__"):
+            labels = [class_labels]
+        else:
+            labels = list(class_labels)
         if not labels:
             raise ValueError("class_labels is empty: give at least one class index")
+        out = []
         for c in labels:
-            if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < self.num_classes:
-                raise ValueError(f"class_labels contains {c!r}: class indices run from 0 to {self.num_classes - 1}")
-        return labels
+            value = _as_scalar(c)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self.num_classes:
+                raise ValueError(f"class_labels contains {c!r}: class indices run from 0 to {self.num_classes - 1}, "
+                                 f"as ints")
+            out.append(value)
+        return out
 
     def default_size(self) -> int:
         return self.transformer.config.sample_size * vae_factors(self.vae)[1]
@@ -97,3 +107,10 @@ class ClassConditionalImagePipeline(RuntimeMixin, DiffusionPipeline):
                                                       output_type=output_type)
         self.maybe_free_model_hooks()
         return ImagePipelineOutput(images=images) if return_dict else (images,)
+
+
+def _as_scalar(x):
+    """A 0-d tensor or array, or a numpy scalar, as the Python number it holds (``.item()``); anything else as is."""
+    if getattr(x, "ndim", None) == 0 and hasattr(x, "item"):
+        return x.item()
+    return x
