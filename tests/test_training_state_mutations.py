@@ -111,6 +111,27 @@ def test_keep_last_keeps_the_newest_checkpoints(tmp_path, keep_last):
     assert kept == ([10, 20, 30, 40] if keep_last == 0 else [10, 20, 30, 40][-keep_last:])
 
 
+def test_a_run_resumed_from_an_earlier_checkpoint_replaces_the_later_ones(tmp_path):
+    """Resuming from an earlier checkpoint folder of the same output_dir goes back in the run: the checkpoints past
+    it belong to the abandoned future. The resumed run's own checkpoint is kept (keep_last=1 must not count the
+    later ones as newer and delete it) and ``resume=latest`` continues the resumed run, not the abandoned one."""
+    out = tmp_path / "run"
+    common = ["train.batch_size=4", "checkpoint.save_pipeline=false"]
+    train(tiny_config(out, TINY_DIT, *common, "train.max_steps=8", "checkpoint.every=4", "checkpoint.keep_last=0"))
+    found = dict(list_checkpoints(out))
+    assert sorted(found) == [4, 8]
+    # back to step 4; a time limit already past stops the run after step 5, with its checkpoint
+    result = train(tiny_config(out, TINY_DIT, *common, "train.max_steps=8", "checkpoint.every=100",
+                               "checkpoint.keep_last=1", f"checkpoint.resume={found[4]}",
+                               "train.time_limit_minutes=1e-6"))
+    assert not result["finished"] and result["step"] == 5
+    assert [s for s, _ in list_checkpoints(out)] == [5]
+    again = train(tiny_config(out, TINY_DIT, *common, "train.max_steps=8", "checkpoint.every=100",
+                              "checkpoint.keep_last=1", "checkpoint.resume=latest"))
+    assert again["start"] == 5 and sorted(again["losses"]) == [6, 7, 8]
+    assert [s for s, _ in list_checkpoints(out)] == [8]
+
+
 def test_checkpoint_restores_every_rng(tmp_path):
     """rng-<rank> files put the torch, numpy and python generators back where they were at the save."""
     import random
