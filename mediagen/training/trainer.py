@@ -56,7 +56,7 @@ from .data.video_folder import VideoReadError
 from .ema import EMA
 from .export import save_final_pipeline, write_samples
 from .objectives import Objective
-from .schedule import make_lr_scheduler, make_optimizer
+from .schedule import apply_optim_config, make_lr_scheduler, make_optimizer
 
 
 class Indexed(Dataset):
@@ -276,6 +276,7 @@ def restore(run: Run, folder: Path) -> None:
     set_optimizer_state_dict(run.model, run.optimizer.optimizer, ckpt.read_optimizer(folder),
                              options=StateDictOptions(full_state_dict=True))
     run.scheduler.load_state_dict(state["scheduler"])
+    apply_optim_config(run.optimizer.optimizer, run.scheduler, run.cfg.optim)
     scaler = getattr(run.accelerator, "scaler", None)
     if scaler is not None and state.get("scaler"):   # absent in checkpoints of other precisions
         scaler.load_state_dict(state["scaler"])
