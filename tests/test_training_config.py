@@ -131,6 +131,11 @@ BASE = ["output_dir=x", "model.preset=dit-tiny"]
     ("model.attention=[mhla,softmax]", r"model\.attention\[1\]='softmax' is not allowed: each entry is one of "
                                        r"\['sdpa', 'linear', 'mhla'\] or null"),
     ("model.attention=3", r"model\.attention=3 is not allowed"),
+    ("train.seed=-1", r"train\.seed=-1 is not allowed: use an int in \[0, 4294967295\]"),
+    ("train.seed=4294967296", r"train\.seed=4294967296 is not allowed"),
+    ("objective.logit_mean=nan", r"objective\.logit_mean=nan is not allowed: use a finite number"),
+    ("data.split=validation", r"data\.split='validation' is not allowed: use one of \['train', 'held_out', 'all'\]"),
+    ("logging.sample_classes=[-1]", r"logging\.sample_classes=\[-1\] is not allowed: use class indices >= 0"),
 ])
 def test_values_out_of_range_fail_at_load_naming_key_value_and_source(override, message):
     with pytest.raises(ConfigError, match=r"^command-line override: " + message):
@@ -191,3 +196,18 @@ def test_size_weighting_with_encoded_clips_fails_at_load():
                                           r"data\.dataset='latent-cache'"):
         load_config(None, [*BASE, "task=text-to-video", "data.dataset=latent-cache", "data.cache_dir=x",
                            "objective.size_weighting=1"])
+
+
+def test_sample_classes_the_model_lacks_fail_before_training(tmp_path):
+    """logging.sample_classes are drawn at the first sample step; a class the model has no label for (dit-tiny has
+    10) is named at start, before any step trains or writes output_dir, not by the pipeline once a run is under way
+    (sampling comes before that step's checkpoint)."""
+    from mediagen.training import train
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [f"output_dir={out}", "model.preset=dit-tiny", "data.resolution=8", "train.batch_size=4",
+                             "train.max_steps=2", "logging.progress=false", "logging.tensorboard=false",
+                             "logging.sample_every=1", "logging.sample_steps=1", "logging.sample_classes=[3,12]"])
+    with pytest.raises(ConfigError, match=r"logging\.sample_classes=\[3, 12\] is not allowed: .*0 to 9"):
+        train(cfg)
+    assert not (out / "metrics.jsonl").exists()

@@ -243,6 +243,18 @@ def size_weight(cfg, batch) -> float:
     return float((per_clip / nominal) ** power)
 
 
+def check_sample_classes(cfg, comp: Components) -> None:
+    """logging.sample_classes against the class-conditional model's labels: a class it lacks would stop the run
+    at its first sample step, which comes before that step's checkpoint, so it is refused before training."""
+    if comp.task != "class-to-image" or not cfg.logging.sample_every:
+        return
+    classes = list(cfg.logging.sample_classes)
+    count = comp.transformer.config.num_embeds_ada_norm
+    if any(c >= count for c in classes):
+        raise ConfigError(f"logging.sample_classes={classes} is not allowed: the model's class indices run from 0 "
+                          f"to {count - 1}", key="logging.sample_classes")
+
+
 def save_checkpoint(run: Run, step: int) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -405,6 +417,7 @@ def train(cfg, on_step_end=None) -> dict:
     data_world, data_rank = (1, 0) if sp else (acc.num_processes, acc.process_index)
     micro, accumulation = batch_split(cfg, data_world)
     comp = build_components(cfg)
+    check_sample_classes(cfg, comp)
     dataset = build_dataset(cfg.data, cfg.task, cfg.train.seed)
     buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
     plan = StepBatches(buckets, cfg.train.batch_size, cfg.train.seed)
