@@ -211,3 +211,17 @@ def test_sample_classes_the_model_lacks_fail_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"logging\.sample_classes=\[3, 12\] is not allowed: .*0 to 9"):
         train(cfg)
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_data_channels_the_model_does_not_take_fail_before_training(tmp_path):
+    """data.channels must be the pixel channels the model reads (dit-tiny in pixel space: 1). An RGB dataset for a
+    grey model is named in one line at start, not by a convolution's shape error in the first step."""
+    from mediagen.training import train
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [f"output_dir={out}", "model.preset=dit-tiny", "data.resolution=8", "train.batch_size=4",
+                             "train.max_steps=1", "logging.progress=false", "logging.tensorboard=false",
+                             "data.channels=3"])
+    with pytest.raises(ConfigError, match=r"data\.channels=3 is not allowed: .*1 channel"):
+        train(cfg)
+    assert not (out / "metrics.jsonl").exists()

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..attention import register_mix_clipping
 from ..attention.sequence_parallel import sum_gradients
+from ..models.identity_autoencoder import IdentityAutoencoder
 from ..pipelines.schedulers import latent_tokens
 from . import checkpoint as ckpt
 from .components import Components, build_components
@@ -255,6 +256,22 @@ def check_sample_classes(cfg, comp: Components) -> None:
                           f"to {count - 1}", key="logging.sample_classes")
 
 
+def check_pixel_channels(cfg, comp: Components) -> None:
+    """data.channels against the channels of the pixels the model reads: the transformer's input in pixel space,
+    the autoencoder's input otherwise. A mismatch would stop the first step with a convolution's shape error (or,
+    where shapes happen to broadcast, train on the wrong target), so it is refused before training. Encoded
+    clips (data.dataset=latent-cache) carry no pixels."""
+    if cfg.data.dataset == "latent-cache":
+        return
+    vae = comp.vae
+    expected = (comp.transformer.config.in_channels if isinstance(vae, IdentityAutoencoder)
+                else getattr(vae.config, "in_channels", None))
+    if expected is not None and cfg.data.channels != expected:
+        reads = "the transformer" if isinstance(vae, IdentityAutoencoder) else "the autoencoder (model.vae)"
+        raise ConfigError(f"data.channels={cfg.data.channels} is not allowed: {reads} reads pixels of {expected} "
+                          f"channel{'s' if expected != 1 else ''}; use data.channels={expected}", key="data.channels")
+
+
 def save_checkpoint(run: Run, step: int) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -418,6 +435,7 @@ def train(cfg, on_step_end=None) -> dict:
     micro, accumulation = batch_split(cfg, data_world)
     comp = build_components(cfg)
     check_sample_classes(cfg, comp)
+    check_pixel_channels(cfg, comp)
     dataset = build_dataset(cfg.data, cfg.task, cfg.train.seed)
     buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
     plan = StepBatches(buckets, cfg.train.batch_size, cfg.train.seed)
