@@ -225,3 +225,17 @@ def test_data_channels_the_model_does_not_take_fail_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.channels=3 is not allowed: .*1 channel"):
         train(cfg)
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_model_overrides_the_model_does_not_take_fail_in_one_line(tmp_path):
+    """model.overrides change a preset's config: a key the preset's class does not take is named with the keys it
+    does (not a TypeError traceback), and overrides beside model.pretrained, which would be dropped, are refused."""
+    from mediagen.training.components import build_components
+
+    cfg = load_config(None, ["output_dir=x", "model.preset=dit-tiny", "model.overrides.num_layer=2"])
+    with pytest.raises(ConfigError, match=r"model\.overrides\.num_layer=2 is not allowed: .*'num_layers'"):
+        build_components(cfg)
+    with pytest.raises(ConfigError, match=r"model\.overrides=\{'num_layers': 2\} is not allowed with "
+                                          r"model\.pretrained='image-mhla'"):
+        load_config(None, ["output_dir=x", "model.pretrained=image-mhla", "finetune.mode=full",
+                           "model.overrides.num_layers=2"])

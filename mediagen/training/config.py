@@ -321,6 +321,11 @@ def check_config(cfg) -> None:
     if cfg.model.preset is None and cfg.model.pretrained is None:
         raise ConfigError("model.preset and model.pretrained are both empty: give a preset name "
                           "(e.g. dit-tiny) or a pretrained folder", key="model.preset")
+    if cfg.model.pretrained is not None and len(cfg.model.overrides):
+        # overrides change a preset's config; a pretrained model is built from its own, so they would be dropped
+        raise ConfigError(f"model.overrides={OmegaConf.to_container(cfg.model.overrides)} is not allowed with "
+                          f"model.pretrained={cfg.model.pretrained!r}: they change a preset's config (a pretrained "
+                          f"model keeps its own); remove them, or train model.preset", key="model.overrides")
     if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}", key="data.path")
     if cfg.data.dataset == "latent-cache" and not cfg.data.cache_dir:
