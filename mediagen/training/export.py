@@ -107,10 +107,10 @@ def save_final_pipeline(run, folder: Path) -> Path:
     ctx = run.ema.applied(run.unwrapped) if run.ema is not None else nullcontext()
     with ctx:
         model = merged_copy(run.unwrapped, run.components.is_lora)
+        if run.components.is_lora:   # the adapters the pipeline fuses: the EMA ones when EMA is on
+            save_lora(run.unwrapped, folder.parent / "lora")
     pipe = make_pipeline(run.components, model, run.objective.sampling_scheduler(), run.cfg.objective)
     save_pipeline_atomically(pipe, folder)
-    if run.components.is_lora:
-        save_lora(run.unwrapped, folder.parent / "lora")
     return folder
 
 
