@@ -131,6 +131,11 @@ BASE = ["output_dir=x", "model.preset=dit-tiny"]
     ("model.attention=[mhla,softmax]", r"model\.attention\[1\]='softmax' is not allowed: each entry is one of "
                                        r"\['sdpa', 'linear', 'mhla'\] or null"),
     ("model.attention=3", r"model\.attention=3 is not allowed"),
+    ("train.seed=-1", r"train\.seed=-1 is not allowed: use an int in \[0, 4294967295\]"),
+    ("train.seed=4294967296", r"train\.seed=4294967296 is not allowed"),
+    ("objective.logit_mean=nan", r"objective\.logit_mean=nan is not allowed: use a finite number"),
+    ("data.split=validation", r"data\.split='validation' is not allowed: use one of \['train', 'held_out', 'all'\]"),
+    ("logging.sample_classes=[-1]", r"logging\.sample_classes=\[-1\] is not allowed: use class indices >= 0"),
 ])
 def test_values_out_of_range_fail_at_load_naming_key_value_and_source(override, message):
     with pytest.raises(ConfigError, match=r"^command-line override: " + message):
@@ -191,3 +196,46 @@ def test_size_weighting_with_encoded_clips_fails_at_load():
                                           r"data\.dataset='latent-cache'"):
         load_config(None, [*BASE, "task=text-to-video", "data.dataset=latent-cache", "data.cache_dir=x",
                            "objective.size_weighting=1"])
+
+
+def test_sample_classes_the_model_lacks_fail_before_training(tmp_path):
+    """logging.sample_classes are drawn at the first sample step; a class the model has no label for (dit-tiny has
+    10) is named at start, before any step trains or writes output_dir, not by the pipeline once a run is under way
+    (sampling comes before that step's checkpoint)."""
+    from mediagen.training import train
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [f"output_dir={out}", "model.preset=dit-tiny", "data.resolution=8", "train.batch_size=4",
+                             "train.max_steps=2", "logging.progress=false", "logging.tensorboard=false",
+                             "logging.sample_every=1", "logging.sample_steps=1", "logging.sample_classes=[3,12]"])
+    with pytest.raises(ConfigError, match=r"logging\.sample_classes=\[3, 12\] is not allowed: .*0 to 9"):
+        train(cfg)
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_data_channels_the_model_does_not_take_fail_before_training(tmp_path):
+    """data.channels must be the pixel channels the model reads (dit-tiny in pixel space: 1). An RGB dataset for a
+    grey model is named in one line at start, not by a convolution's shape error in the first step."""
+    from mediagen.training import train
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [f"output_dir={out}", "model.preset=dit-tiny", "data.resolution=8", "train.batch_size=4",
+                             "train.max_steps=1", "logging.progress=false", "logging.tensorboard=false",
+                             "data.channels=3"])
+    with pytest.raises(ConfigError, match=r"data\.channels=3 is not allowed: .*1 channel"):
+        train(cfg)
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_model_overrides_the_model_does_not_take_fail_in_one_line(tmp_path):
+    """model.overrides change a preset's config: a key the preset's class does not take is named with the keys it
+    does (not a TypeError traceback), and overrides beside model.pretrained, which would be dropped, are refused."""
+    from mediagen.training.components import build_components
+
+    cfg = load_config(None, ["output_dir=x", "model.preset=dit-tiny", "model.overrides.num_layer=2"])
+    with pytest.raises(ConfigError, match=r"model\.overrides\.num_layer=2 is not allowed: .*'num_layers'"):
+        build_components(cfg)
+    with pytest.raises(ConfigError, match=r"model\.overrides=\{'num_layers': 2\} is not allowed with "
+                                          r"model\.pretrained='image-mhla'"):
+        load_config(None, ["output_dir=x", "model.pretrained=image-mhla", "finetune.mode=full",
+                           "model.overrides.num_layers=2"])

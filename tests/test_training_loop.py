@@ -99,6 +99,25 @@ def test_lora_and_conversion_finetunes(tmp_path):
             assert "_name_or_path" not in json.loads(config.read_text()), config
 
 
+def test_the_lora_file_holds_the_adapters_fused_into_the_pipeline(tmp_path):
+    """With EMA the pipeline fuses the EMA adapters; lora/lora.safetensors, the adapters to apply to the base model
+    elsewhere, must be the same ones: base weight + (alpha / r) B A from the file gives the pipeline's weight."""
+    from safetensors.torch import load_file
+
+    base = tmp_path / "base"
+    train(tiny_config(base, TINY_DIT, "train.max_steps=1", "checkpoint.every=100"))
+    before = build_pipeline(str(base / "pipeline")).transformer.state_dict()
+    lora = tmp_path / "lora"
+    train(tiny_config(lora, TINY_DIT, "model.preset=null", f"model.pretrained={base / 'pipeline'}",
+                      "finetune.mode=lora", "finetune.lora_rank=2", "finetune.lora_alpha=4", "train.max_steps=4",
+                      "optim.lr=1e-2", "optim.ema_decay=0.5", "checkpoint.every=100"))
+    fused = build_pipeline(str(lora / "pipeline")).transformer.state_dict()
+    adapters = load_file(str(lora / "lora" / "lora.safetensors"))
+    for name in ("transformer_blocks.0.attn1.to_q", "transformer_blocks.1.attn1.to_out.0"):
+        a, b = adapters[f"{name}.lora_A.weight"], adapters[f"{name}.lora_B.weight"]
+        torch.testing.assert_close(fused[f"{name}.weight"], before[f"{name}.weight"] + 2.0 * b @ a)
+
+
 def test_list_valued_overrides_reach_the_saved_pipeline(tmp_path):
     """A dotlist list (model.overrides.patch_size=[1,2,2], cpe_kernel=[3,1,1]) is an omegaconf
     ListConfig; the run must still save its pipeline, with the values as plain lists."""

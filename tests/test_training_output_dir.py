@@ -64,3 +64,33 @@ def test_resuming_another_models_checkpoint_says_so_in_one_line(tmp_path, capsys
     assert "of other shapes" in err and "(32, 1, 2, 2) saved, (64, 1, 2, 2) here" in err and len(err.splitlines()) == 1
     assert "model.overrides={} (this run: {'num_attention_heads': 4})" in err
     assert snapshot(out) == before
+
+
+def test_export_never_replaces_a_folder_that_is_not_a_pipeline(tmp_path, capsys):
+    """`mediagen train CONFIG --export STEP --to FOLDER` replaces FOLDER when it holds an earlier export (a pipeline
+    folder); the run's own output_dir, a folder above it, other folders and files are refused in one line, with
+    nothing deleted."""
+    from mediagen.training.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text("{}\n")
+    args = [str(config), f"output_dir={out}", *TINY_DIT, "train.max_steps=2", "checkpoint.every=1"]
+    assert cli_main(["train", *args]) == 0
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("keep me too")
+    for target in (out, tmp_path, other, a_file):
+        capsys.readouterr()
+        assert cli_main(["train", *args, "--export", "latest", "--to", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--to {str(target)!r}" in err, err
+    assert [s for s, _ in list_checkpoints(out)] == [1, 2] and (out / "config.yaml").is_file()
+    assert (other / "notes.txt").read_text() == "keep me" and a_file.read_text() == "keep me too"
+    # an earlier export is replaced
+    target = tmp_path / "exported"
+    for step in ("1", "2"):
+        assert cli_main(["train", *args, "--export", step, "--to", str(target)]) == 0
+        assert (target / "model_index.json").is_file()

@@ -100,6 +100,28 @@ def test_the_loop_steps_the_lr_schedule_once_per_optimizer_step(tmp_path):
         assert metrics[step]["lr"] == pytest.approx(want)
 
 
+def test_a_resumed_run_trains_with_the_optimizer_settings_of_its_config(tmp_path):
+    """The checkpoint carries the optimizer's moments and the schedule's position; optim.lr, betas, eps and
+    weight_decay are the config's. A run resumed with other values (a lower lr to go on with) trains with
+    them, as the config.yaml it writes says, instead of the ones saved with the optimizer's state."""
+    out = tmp_path / "run"
+    common = ["train.batch_size=4", "checkpoint.every=1", "checkpoint.keep_last=0", "checkpoint.save_pipeline=false",
+              "optim.schedule=cosine", "optim.warmup_steps=2"]
+    train(tiny_config(out, TINY_DIT, *common, "train.max_steps=2", "optim.lr=2e-3"))
+    changed = ["train.max_steps=4", "optim.lr=5e-4", "optim.betas=[0.8,0.95]", "optim.eps=1e-6",
+               "optim.weight_decay=0.1"]
+    train(tiny_config(out, TINY_DIT, *common, *changed, "checkpoint.resume=latest"))
+    metrics = _metrics(out)
+    for step in (3, 4):
+        group = read_optimizer(dict(list_checkpoints(out))[step])["param_groups"][0]
+        want = 5e-4 * lr_factor(step, warmup=2, total=4, schedule="cosine", min_ratio=0.0)
+        assert group["lr"] == pytest.approx(want) and metrics[step]["lr"] == pytest.approx(want)
+        assert group["initial_lr"] == pytest.approx(5e-4)
+        assert list(group["betas"]) == pytest.approx([0.8, 0.95])
+        assert group["eps"] == pytest.approx(1e-6) and group["weight_decay"] == pytest.approx(0.1)
+    assert read_state(dict(list_checkpoints(out))[4])["scheduler"]["base_lrs"] == pytest.approx([5e-4])
+
+
 # --- checkpoints ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("keep_last", [0, 1, 2])
@@ -109,6 +131,27 @@ def test_keep_last_keeps_the_newest_checkpoints(tmp_path, keep_last):
         ckpt.publish(tmp_path, step, keep_last)
     kept = [s for s, _ in list_checkpoints(tmp_path)]
     assert kept == ([10, 20, 30, 40] if keep_last == 0 else [10, 20, 30, 40][-keep_last:])
+
+
+def test_a_run_resumed_from_an_earlier_checkpoint_replaces_the_later_ones(tmp_path):
+    """Resuming from an earlier checkpoint folder of the same output_dir goes back in the run: the checkpoints past
+    it belong to the abandoned future. The resumed run's own checkpoint is kept (keep_last=1 must not count the
+    later ones as newer and delete it) and ``resume=latest`` continues the resumed run, not the abandoned one."""
+    out = tmp_path / "run"
+    common = ["train.batch_size=4", "checkpoint.save_pipeline=false"]
+    train(tiny_config(out, TINY_DIT, *common, "train.max_steps=8", "checkpoint.every=4", "checkpoint.keep_last=0"))
+    found = dict(list_checkpoints(out))
+    assert sorted(found) == [4, 8]
+    # back to step 4; a time limit already past stops the run after step 5, with its checkpoint
+    result = train(tiny_config(out, TINY_DIT, *common, "train.max_steps=8", "checkpoint.every=100",
+                               "checkpoint.keep_last=1", f"checkpoint.resume={found[4]}",
+                               "train.time_limit_minutes=1e-6"))
+    assert not result["finished"] and result["step"] == 5
+    assert [s for s, _ in list_checkpoints(out)] == [5]
+    again = train(tiny_config(out, TINY_DIT, *common, "train.max_steps=8", "checkpoint.every=100",
+                              "checkpoint.keep_last=1", "checkpoint.resume=latest"))
+    assert again["start"] == 5 and sorted(again["losses"]) == [6, 7, 8]
+    assert [s for s, _ in list_checkpoints(out)] == [8]
 
 
 def test_checkpoint_restores_every_rng(tmp_path):
@@ -258,7 +301,9 @@ def test_an_fp16_runs_loss_scale_survives_a_resume(tmp_path):
                               get_state_dict=lambda m: m.state_dict(), wait_for_everyone=lambda: None)
         return SimpleNamespace(accelerator=acc, model=model, optimizer=SimpleNamespace(optimizer=opt), ema=None,
                                scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-                               cfg=SimpleNamespace(output_dir=str(tmp_path), checkpoint=SimpleNamespace(keep_last=1)))
+                               cfg=SimpleNamespace(output_dir=str(tmp_path), checkpoint=SimpleNamespace(keep_last=1),
+                                                   optim=SimpleNamespace(lr=1e-3, betas=[0.9, 0.999], eps=1e-8,
+                                                                         weight_decay=0.01)))
 
     learned = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
                "_growth_tracker": 7}

@@ -249,7 +249,13 @@ def write_main(tmp: Path, *, step: int, model_state: dict, optimizer_state: dict
 
 
 def publish(output_dir, step: int, keep_last: int) -> Path:
-    """(main process) flush, rename the temporary folder into place, drop the oldest beyond keep_last."""
+    """(main process) flush, rename the temporary folder into place, drop the checkpoints past ``step`` and
+    the oldest beyond keep_last.
+
+    A run saves its steps in increasing order, so a checkpoint past the one just saved was written by the
+    run this one went back from (resumed from an earlier checkpoint folder): that future was abandoned, as
+    its metrics.jsonl lines were. Kept, it would count among the keep_last newest (deleting this run's own
+    checkpoints, even the one just saved) and ``resume: latest`` would continue the abandoned run."""
     tmp = tmp_dir_for(output_dir, step)
     _fsync_tree(tmp)
     final = checkpoint_dir(output_dir) / f"checkpoint-{step:07d}"
@@ -258,8 +264,13 @@ def publish(output_dir, step: int, keep_last: int) -> Path:
         final.rename(old)
         shutil.rmtree(old)
     tmp.rename(final)
+    found = list_checkpoints(output_dir)
+    for s, path in found:
+        if s > step:
+            shutil.rmtree(path, ignore_errors=True)
+    kept = [path for s, path in found if s <= step]
     if keep_last > 0:
-        for _, path in list_checkpoints(output_dir)[:-keep_last]:
+        for path in kept[:-keep_last]:
             shutil.rmtree(path, ignore_errors=True)
     return final
 

@@ -201,6 +201,25 @@ def _plain(section) -> dict:
     return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section)
 
 
+def _check_overrides(spec: dict, overrides: dict) -> None:
+    """model.overrides keys against the arguments of the preset's transformer class: a misspelt key would
+    otherwise reach the constructor and fail as a TypeError traceback."""
+    import inspect
+
+    import diffusers
+
+    from .config import ConfigError
+
+    cls = getattr(diffusers, str(spec.get("class")), None)
+    if cls is None or not overrides:
+        return
+    taken = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "args", "kwargs")]
+    for key, value in overrides.items():
+        if key not in taken:
+            raise ConfigError(f"model.overrides.{key}={value!r} is not allowed: {cls.__name__} takes none such; "
+                              f"its config keys: {taken}", key=f"model.overrides.{key}")
+
+
 def build_components(cfg) -> Components:
     m, ft = cfg.model, cfg.finetune
     pretrained = None
@@ -208,9 +227,10 @@ def build_components(cfg) -> Components:
         pretrained = pretrained_folder(m.pretrained)
         transformer = load_pretrained_transformer(m.pretrained)
     else:
-        preset(m.preset)  # a clear error for an unknown name
+        overrides = _plain(m.overrides)
+        _check_overrides(preset(m.preset), overrides)  # preset(): a clear error for an unknown name
         torch.manual_seed(cfg.train.seed)
-        transformer = build_transformer(m.preset, **_plain(m.overrides))
+        transformer = build_transformer(m.preset, **overrides)
     _check_task(transformer, cfg.task, m.pretrained)
     teacher = None
     if ft.distill_weight > 0:  # convert: the softmax model; full: the starting model (config.py allows these)

@@ -29,6 +29,7 @@ SCHEDULES = ("constant", "cosine")
 FINETUNE_MODES = ("none", "full", "lora", "convert")
 DISTRIBUTED = ("ddp", "fsdp")
 TEACHER_CAPTIONS = ("same", "template")
+MNIST_SPLITS = ("train", "held_out", "all")   # mediagen.data.load_mnist10k; data.split of the MNIST datasets
 BAD_VIDEOS = ("stop", "skip")
 
 
@@ -233,6 +234,8 @@ _RANGES = {
     "optim.ema_decay": (lambda v: _finite(v) and 0 <= v < 1, "a number in [0, 1) (0: no EMA)"),
     "optim.ema_start": (lambda v: v >= 0, "an int >= 0"),
     "train.max_steps": (lambda v: v >= 1, "an int >= 1"),
+    # numpy's seed range: accelerate's set_seed hands the seed to np.random.seed
+    "train.seed": (lambda v: 0 <= v < 2 ** 32, f"an int in [0, {2 ** 32 - 1}]"),
     "train.batch_size": (lambda v: v >= 1, "an int >= 1"),
     "train.micro_batch_size": (lambda v: v >= 0, "an int >= 0 (0: batch_size / number of processes)"),
     "train.time_limit_minutes": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no limit)"),
@@ -242,6 +245,7 @@ _RANGES = {
     "logging.sample_every": (lambda v: v >= 0, "an int >= 0 (0: no samples during training)"),
     "logging.sample_steps": (lambda v: v >= 1, "an int >= 1"),
     "objective.class_dropout": (lambda v: _finite(v) and 0 <= v <= 1, "a probability in [0, 1]"),
+    "objective.logit_mean": (lambda v: _finite(v), "a finite number"),
     "objective.logit_std": (lambda v: _finite(v) and v > 0, "a number > 0"),
     "objective.shift": (lambda v: _finite(v) and v > 0, "a number > 0"),
     "objective.flow_weight": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: distillation alone)"),
@@ -302,10 +306,26 @@ def check_config(cfg) -> None:
     if len(betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"optim.betas={betas} is not allowed: use two numbers in [0, 1), e.g. [0.9, 0.999]",
                           key="optim.betas")
+    if cfg.data.dataset in ("mnist", "moving-mnist") and cfg.data.split not in MNIST_SPLITS:
+        raise ConfigError(f"data.split={cfg.data.split!r} is not allowed: use one of {list(MNIST_SPLITS)}",
+                          key="data.split")
+    classes = list(cfg.logging.sample_classes)
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in classes):
+        raise ConfigError(f"logging.sample_classes={classes} is not allowed: use class indices >= 0",
+                          key="logging.sample_classes")
+    if cfg.task == "class-to-image" and cfg.logging.sample_every and not classes:
+        raise ConfigError(f"logging.sample_classes=[] is not allowed with logging.sample_every="
+                          f"{cfg.logging.sample_every}: give the class indices to sample (or sample_every=0)",
+                          key="logging.sample_classes")
     _check_attention(cfg)
     if cfg.model.preset is None and cfg.model.pretrained is None:
         raise ConfigError("model.preset and model.pretrained are both empty: give a preset name "
                           "(e.g. dit-tiny) or a pretrained folder", key="model.preset")
+    if cfg.model.pretrained is not None and len(cfg.model.overrides):
+        # overrides change a preset's config; a pretrained model is built from its own, so they would be dropped
+        raise ConfigError(f"model.overrides={OmegaConf.to_container(cfg.model.overrides)} is not allowed with "
+                          f"model.pretrained={cfg.model.pretrained!r}: they change a preset's config (a pretrained "
+                          f"model keeps its own); remove them, or train model.preset", key="model.overrides")
     if cfg.data.dataset in ("image-folder", "video-folder") and not cfg.data.path:
         raise ConfigError(f"data.path is required with data.dataset={cfg.data.dataset!r}", key="data.path")
     if cfg.data.dataset == "latent-cache" and not cfg.data.cache_dir:

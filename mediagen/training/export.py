@@ -107,10 +107,10 @@ def save_final_pipeline(run, folder: Path) -> Path:
     ctx = run.ema.applied(run.unwrapped) if run.ema is not None else nullcontext()
     with ctx:
         model = merged_copy(run.unwrapped, run.components.is_lora)
+        if run.components.is_lora:   # the adapters the pipeline fuses: the EMA ones when EMA is on
+            save_lora(run.unwrapped, folder.parent / "lora")
     pipe = make_pipeline(run.components, model, run.objective.sampling_scheduler(), run.cfg.objective)
     save_pipeline_atomically(pipe, folder)
-    if run.components.is_lora:
-        save_lora(run.unwrapped, folder.parent / "lora")
     return folder
 
 
@@ -131,6 +131,8 @@ def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = No
         step = int(which)
     else:
         raise ValueError(f"checkpoint {which!r} is not in {cfg.output_dir}: use 'latest' or one of {sorted(found)}")
+    folder = Path(folder) if folder is not None else Path(cfg.output_dir) / f"pipeline-step-{step}"
+    check_export_folder(folder, cfg.output_dir)
     comp = build_components(cfg)
     model = comp.transformer
     from omegaconf import OmegaConf
@@ -146,5 +148,17 @@ def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = No
     model = merged_copy(model, comp.is_lora)
     objective = Objective(cfg.objective)
     pipe = make_pipeline(comp, model, objective.sampling_scheduler(), cfg.objective)
-    folder = Path(folder) if folder is not None else Path(cfg.output_dir) / f"pipeline-step-{step}"
     return save_pipeline_atomically(pipe, folder)
+
+
+def check_export_folder(folder: Path, output_dir) -> None:
+    """The export replaces ``folder`` as a whole, so it must be new or an earlier export (a pipeline folder with
+    model_index.json): the run's output_dir (its checkpoints), a folder above it, or any other folder or file
+    given to --to by mistake would be deleted."""
+    given, folder, run = str(folder), Path(folder).resolve(), Path(output_dir).resolve()
+    if folder == run or folder in run.parents:
+        raise ValueError(f"--to {given!r} holds the run's output_dir {str(run)!r}, which the export would "
+                         f"replace: give a new folder (default: output_dir/pipeline-step-<STEP>)")
+    if folder.exists() and not (folder.is_dir() and (folder / "model_index.json").is_file()):
+        raise ValueError(f"--to {given!r} exists and is not a pipeline folder, which the export would "
+                         f"replace: give a new folder or an earlier export")

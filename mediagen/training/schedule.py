@@ -35,3 +35,19 @@ def make_lr_scheduler(optimizer, optim, max_steps: int):
         return lr_factor(step, warmup=optim.warmup_steps, total=max_steps, schedule=optim.schedule,
                          min_ratio=optim.min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def apply_optim_config(optimizer, scheduler, optim) -> None:
+    """Put the config's lr, betas, eps and weight_decay into an optimizer and schedule restored from a
+    checkpoint, keeping the restored moments and schedule position. Loading a state dict brings back the
+    saved run's hyper-parameters, so a resumed run given another optim.lr (or betas, ...) would silently
+    train with the old ones while its config.yaml shows the new; the schedule's shape (warm-up, max_steps,
+    cosine) already follows the config, and the lr now does too."""
+    for group in optimizer.param_groups:
+        group.update(betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay, initial_lr=optim.lr)
+    scheduler.base_lrs = [optim.lr for _ in optimizer.param_groups]
+    # the lr of the next step, as LambdaLR computes it: base lr x the factor at the schedule's position
+    lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs

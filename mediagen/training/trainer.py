@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..attention import register_mix_clipping
 from ..attention.sequence_parallel import sum_gradients
+from ..models.identity_autoencoder import IdentityAutoencoder
 from ..pipelines.schedulers import latent_tokens
 from . import checkpoint as ckpt
 from .components import Components, build_components
@@ -56,7 +57,7 @@ from .data.video_folder import VideoReadError
 from .ema import EMA
 from .export import save_final_pipeline, write_samples
 from .objectives import Objective
-from .schedule import make_lr_scheduler, make_optimizer
+from .schedule import apply_optim_config, make_lr_scheduler, make_optimizer
 
 
 class Indexed(Dataset):
@@ -243,6 +244,34 @@ def size_weight(cfg, batch) -> float:
     return float((per_clip / nominal) ** power)
 
 
+def check_sample_classes(cfg, comp: Components) -> None:
+    """logging.sample_classes against the class-conditional model's labels: a class it lacks would stop the run
+    at its first sample step, which comes before that step's checkpoint, so it is refused before training."""
+    if comp.task != "class-to-image" or not cfg.logging.sample_every:
+        return
+    classes = list(cfg.logging.sample_classes)
+    count = comp.transformer.config.num_embeds_ada_norm
+    if any(c >= count for c in classes):
+        raise ConfigError(f"logging.sample_classes={classes} is not allowed: the model's class indices run from 0 "
+                          f"to {count - 1}", key="logging.sample_classes")
+
+
+def check_pixel_channels(cfg, comp: Components) -> None:
+    """data.channels against the channels of the pixels the model reads: the transformer's input in pixel space,
+    the autoencoder's input otherwise. A mismatch would stop the first step with a convolution's shape error (or,
+    where shapes happen to broadcast, train on the wrong target), so it is refused before training. Encoded
+    clips (data.dataset=latent-cache) carry no pixels."""
+    if cfg.data.dataset == "latent-cache":
+        return
+    vae = comp.vae
+    expected = (comp.transformer.config.in_channels if isinstance(vae, IdentityAutoencoder)
+                else getattr(vae.config, "in_channels", None))
+    if expected is not None and cfg.data.channels != expected:
+        reads = "the transformer" if isinstance(vae, IdentityAutoencoder) else "the autoencoder (model.vae)"
+        raise ConfigError(f"data.channels={cfg.data.channels} is not allowed: {reads} reads pixels of {expected} "
+                          f"channel{'s' if expected != 1 else ''}; use data.channels={expected}", key="data.channels")
+
+
 def save_checkpoint(run: Run, step: int) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -276,6 +305,7 @@ def restore(run: Run, folder: Path) -> None:
     set_optimizer_state_dict(run.model, run.optimizer.optimizer, ckpt.read_optimizer(folder),
                              options=StateDictOptions(full_state_dict=True))
     run.scheduler.load_state_dict(state["scheduler"])
+    apply_optim_config(run.optimizer.optimizer, run.scheduler, run.cfg.optim)
     scaler = getattr(run.accelerator, "scaler", None)
     if scaler is not None and state.get("scaler"):   # absent in checkpoints of other precisions
         scaler.load_state_dict(state["scaler"])
@@ -404,6 +434,8 @@ def train(cfg, on_step_end=None) -> dict:
     data_world, data_rank = (1, 0) if sp else (acc.num_processes, acc.process_index)
     micro, accumulation = batch_split(cfg, data_world)
     comp = build_components(cfg)
+    check_sample_classes(cfg, comp)
+    check_pixel_channels(cfg, comp)
     dataset = build_dataset(cfg.data, cfg.task, cfg.train.seed)
     buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
     plan = StepBatches(buckets, cfg.train.batch_size, cfg.train.seed)
