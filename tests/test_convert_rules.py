@@ -156,9 +156,6 @@ def test_new_options_cannot_change_layers_not_named():
     (dict(blocks=(2, 2), grid=(4.5, 4)), ["grid=(4.5, 4)", "positive ints"]),
     (dict(blocks=(2, 2), layers=[]), ["layers=[]", "0 to 2"]),
     (dict(attention=[None, None, None]), ["names no layer"]),
-    # blocks where no layer has blocks were dropped without a word (global linear attention is one block)
-    (dict(attention="linear", blocks=(2, 2)), ["blocks=(2, 2)", "no layer", "'mhla'"]),
-    (dict(attention="sdpa", blocks=[2, 2]), ["blocks=[2, 2]", "no layer", "'mhla'"]),
 ])
 def test_bad_options_are_refused_at_conversion(kwargs, words):
     model = tiny_dit()

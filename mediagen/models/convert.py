@@ -38,8 +38,7 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
             feature_eps, mix_init, in_norm (denominator="official" runs the numerator through the kernels and
             the division in plain PyTorch ops: slower, and only for blocks that divide the grid). ``blocks``
             is the block count per grid axis ((F, H, W) for Wan, (H, W) for DiT and SANA); when not given it is
-            chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N; given where no layer of the
-            result has an attention with blocks (only "linear" / "sdpa" layers), it raises. Options not given (and
+            chosen from ``grid`` (or DiT's / SANA's sample_size) with M^2 <= N. Options not given (and
             ``blocks=None``) keep the values of an earlier conversion of the model, else take the
             defaults of their dataclasses, except ``rope``: "features" for a Wan model (its RoPE, the only
             position signal it has, rotates the linear / MHLA layers' features), "none" for the others.
@@ -132,13 +131,8 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
                     f"{fam.base.__name__}, e.g. grid=(21, 30, 52) for 81 frames at 480x832; or give blocks"
                 )
             opts["blocks"] = auto_blocks(grid)
-    else:
-        if options.get("blocks") is not None:  # asked for by this call, but no layer would read them
-            with_blocks = [n for n in registry.names() if registry.get(n).blocks]
-            raise ValueError(f"blocks={options['blocks']!r} is not allowed here: no layer of the converted model "
-                             f"uses an attention with blocks ({', '.join(map(repr, with_blocks))}); leave blocks out")
-        if "blocks" in opts:
-            opts["blocks"] = None  # only attentions with blocks use them; the config does not keep an unused value
+    elif "blocks" in opts:
+        opts["blocks"] = None  # only attentions with blocks use them; the config does not keep an unused value
     spec = AttentionSpec(layers=names, **opts)  # checks every option's value
     if getattr(spec, "blocks", None) is not None:
         if len(spec.blocks) != fam.ndim:
