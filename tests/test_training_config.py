@@ -134,6 +134,8 @@ BASE = ["output_dir=x", "model.preset=dit-tiny"]
     ("train.seed=-1", r"train\.seed=-1 is not allowed: use an int in \[0, 4294967295\]"),
     ("train.seed=4294967296", r"train\.seed=4294967296 is not allowed"),
     ("objective.logit_mean=nan", r"objective\.logit_mean=nan is not allowed: use a finite number"),
+    ("logging.guidance_scale=nan", r"logging\.guidance_scale=nan is not allowed: use a number >= 0"),
+    ("logging.guidance_scale=-2", r"logging\.guidance_scale=-2\.0 is not allowed: use a number >= 0"),
     ("data.split=validation", r"data\.split='validation' is not allowed: use one of \['train', 'held_out', 'all'\]"),
     ("logging.sample_classes=[-1]", r"logging\.sample_classes=\[-1\] is not allowed: use class indices >= 0"),
 ])
@@ -229,12 +231,17 @@ def test_data_channels_the_model_does_not_take_fail_before_training(tmp_path):
 
 def test_model_overrides_the_model_does_not_take_fail_in_one_line(tmp_path):
     """model.overrides change a preset's config: a key the preset's class does not take is named with the keys it
-    does (not a TypeError traceback), and overrides beside model.pretrained, which would be dropped, are refused."""
+    does (not a TypeError traceback), a count below 1 is named (not an IndexError in the first step), and overrides
+    beside model.pretrained, which would be dropped, are refused."""
     from mediagen.training.components import build_components
 
     cfg = load_config(None, ["output_dir=x", "model.preset=dit-tiny", "model.overrides.num_layer=2"])
     with pytest.raises(ConfigError, match=r"model\.overrides\.num_layer=2 is not allowed: .*'num_layers'"):
         build_components(cfg)
+    for key in ("num_layers", "attention_head_dim"):
+        cfg = load_config(None, ["output_dir=x", "model.preset=dit-tiny", f"model.overrides.{key}=0"])
+        with pytest.raises(ConfigError, match=rf"model\.overrides\.{key}=0 is not allowed: use an int >= 1"):
+            build_components(cfg)
     with pytest.raises(ConfigError, match=r"model\.overrides=\{'num_layers': 2\} is not allowed with "
                                           r"model\.pretrained='image-mhla'"):
         load_config(None, ["output_dir=x", "model.pretrained=image-mhla", "finetune.mode=full",

@@ -84,7 +84,8 @@ def test_clipping_caps_the_gradient_the_optimizer_steps_with(tmp_path):
 
 def test_the_loop_steps_the_lr_schedule_once_per_optimizer_step(tmp_path):
     """After step s the scheduler has advanced s times: the optimizer's lr (kept by the checkpoint) is
-    lr * lr_factor(s), so a run resumed at s continues the warm-up and cosine where they were."""
+    lr * lr_factor(s), so a run resumed at s continues the warm-up and cosine where they were. metrics.jsonl
+    logs the rate step s trained with, lr * lr_factor(s - 1), not the next step's."""
     out = tmp_path / "run"
     cfg = tiny_config(out, TINY_DIT, "train.batch_size=4", "train.max_steps=6", "checkpoint.every=1",
                       "checkpoint.keep_last=0", "checkpoint.save_pipeline=false", "optim.warmup_steps=3",
@@ -97,7 +98,8 @@ def test_the_loop_steps_the_lr_schedule_once_per_optimizer_step(tmp_path):
         want = cfg.optim.lr * lr_factor(step, warmup=3, total=6, schedule="cosine", min_ratio=0.1)
         assert read_state(folder)["scheduler"]["last_epoch"] == step
         assert read_optimizer(folder)["param_groups"][0]["lr"] == pytest.approx(want)
-        assert metrics[step]["lr"] == pytest.approx(want)
+        assert metrics[step]["lr"] == pytest.approx(
+            cfg.optim.lr * lr_factor(step - 1, warmup=3, total=6, schedule="cosine", min_ratio=0.1))
 
 
 def test_a_resumed_run_trains_with_the_optimizer_settings_of_its_config(tmp_path):
@@ -115,7 +117,8 @@ def test_a_resumed_run_trains_with_the_optimizer_settings_of_its_config(tmp_path
     for step in (3, 4):
         group = read_optimizer(dict(list_checkpoints(out))[step])["param_groups"][0]
         want = 5e-4 * lr_factor(step, warmup=2, total=4, schedule="cosine", min_ratio=0.0)
-        assert group["lr"] == pytest.approx(want) and metrics[step]["lr"] == pytest.approx(want)
+        used = 5e-4 * lr_factor(step - 1, warmup=2, total=4, schedule="cosine", min_ratio=0.0)
+        assert group["lr"] == pytest.approx(want) and metrics[step]["lr"] == pytest.approx(used)
         assert group["initial_lr"] == pytest.approx(5e-4)
         assert list(group["betas"]) == pytest.approx([0.8, 0.95])
         assert group["eps"] == pytest.approx(1e-6) and group["weight_decay"] == pytest.approx(0.1)

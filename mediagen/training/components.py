@@ -218,6 +218,12 @@ def _check_overrides(spec: dict, overrides: dict) -> None:
         if key not in taken:
             raise ConfigError(f"model.overrides.{key}={value!r} is not allowed: {cls.__name__} takes none such; "
                               f"its config keys: {taken}", key=f"model.overrides.{key}")
+        # counts the model is built from: zero or fewer would build a model without layers, heads or
+        # channels, which fails deep in the first forward (an IndexError) instead of naming the key
+        if (key.startswith("num_") or key.endswith(("_dim", "_channels", "_size"))) and \
+                isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"model.overrides.{key}={value!r} is not allowed: use an int >= 1",
+                              key=f"model.overrides.{key}")
 
 
 def build_components(cfg) -> Components:

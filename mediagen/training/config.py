@@ -244,6 +244,7 @@ _RANGES = {
     "logging.every": (lambda v: v >= 1, "an int >= 1 (steps between TensorBoard scalars)"),
     "logging.sample_every": (lambda v: v >= 0, "an int >= 0 (0: no samples during training)"),
     "logging.sample_steps": (lambda v: v >= 1, "an int >= 1"),
+    "logging.guidance_scale": (lambda v: _finite(v) and v >= 0, "a number >= 0 (<= 1: no guidance)"),
     "objective.class_dropout": (lambda v: _finite(v) and 0 <= v <= 1, "a probability in [0, 1]"),
     "objective.logit_mean": (lambda v: _finite(v), "a finite number"),
     "objective.logit_std": (lambda v: _finite(v) and v > 0, "a number > 0"),

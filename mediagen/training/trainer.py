@@ -524,13 +524,14 @@ def train(cfg, on_step_end=None) -> dict:
             grad_norm = torch.zeros(())
             if cfg.optim.max_grad_norm > 0:
                 grad_norm = acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+            step_lr = optimizer.param_groups[0]["lr"]  # the rate this step trained with, before the schedule moves on
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if ema is not None and step > cfg.optim.ema_start:
                 ema.update(unwrapped)
             step_loss = acc.reduce(total, "mean").item()
-            metrics = {"loss": step_loss, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+            metrics = {"loss": step_loss, "lr": step_lr, "grad_norm": float(grad_norm),
                        "samples_per_s": cfg.train.batch_size / (time.perf_counter() - t0)}
             if comp.teacher is not None:
                 metrics["distill"] = acc.reduce(distill_total, "mean").item()
