@@ -240,3 +240,31 @@ def test_bad_pipeline_input_names_the_parameter():
         dit([1], height=7, width=7)
     with pytest.raises(ValueError, match="scheduler='euler'"):
         make_scheduler("euler")
+
+
+@pytest.mark.parametrize("kind", ["class-image", "text-video"])
+def test_given_latents_are_scaled_like_the_pipelines_own_noise(kind):
+    """latents= takes unit noise, as diffusers' pipelines do: both pipelines scale it by the scheduler's
+    init_noise_sigma exactly as they scale the noise they draw, so passing the noise a seed would draw gives
+    that seed's sample (under a scheduler whose init_noise_sigma is not 1 as well)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    pipe = dit_pipe() if kind == "class-image" else wan_pipe()
+    pipe.scheduler.init_noise_sigma = 2.5
+    args = dict(class_labels=[3, 5]) if kind == "class-image" else dict(prompt=["a", "b"], height=8, width=8,
+                                                                         num_frames=3)
+    seen = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((kw["hidden_states"] if "hidden_states" in kw else a[0]).detach().clone()),
+        with_kwargs=True)
+    drawn = pipe(**args, generator=gen(0), guidance_scale=1.0, num_inference_steps=2, output_type="latent")
+    if kind == "class-image":
+        shape = seen[0].shape
+    else:
+        shape = (2, pipe.transformer.config.in_channels, *seen[0].shape[2:])
+    given = pipe(**args, latents=randn_tensor(shape, generator=gen(0), dtype=torch.float32), guidance_scale=1.0,
+                 num_inference_steps=2, output_type="latent")
+    assert torch.equal(seen[0], seen[2])
+    first = drawn.images if kind == "class-image" else drawn.frames
+    second = given.images if kind == "class-image" else given.frames
+    assert torch.allclose(torch.as_tensor(first), torch.as_tensor(second))

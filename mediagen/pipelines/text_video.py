@@ -130,10 +130,12 @@ class TextToVideoPipeline(RuntimeMixin, DiffusionPipeline):
         if latents is not None:
             if tuple(latents.shape) != shape:
                 raise ValueError(f"latents has shape {tuple(latents.shape)}; expected {shape}")
-            return latents.to(device=device, dtype=torch.float32)
-        if isinstance(generator, list) and len(generator) != batch:
-            raise ValueError(f"generator is a list of {len(generator)}; it needs one per sample ({batch})")
-        noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
+            noise = latents.to(device=device, dtype=torch.float32)
+        else:
+            if isinstance(generator, list) and len(generator) != batch:
+                raise ValueError(f"generator is a list of {len(generator)}; it needs one per sample ({batch})")
+            noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
+        # given latents are unit noise, as in diffusers' pipelines: scaled like the noise drawn here
         return noise * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
     def decode(self, latents, output_type):
