@@ -359,3 +359,16 @@ def test_distillation_prompts_can_hold_the_empty_negative_prompt():
     assert abs(mixed.count("") / len(mixed) - 0.05) < 0.005
     with pytest.raises(ValueError, match=r"--empty-share=1.0 is not allowed"):
         prompt_mix(300, 0.7, seed=0, empty_share=1.0)
+
+
+def test_max_length_is_used_as_given_or_refused(minilm):
+    """max_length=0 must not fall back to the default length, a length below the tokenizer's special
+    tokens cannot be honoured (the output would be longer than asked), and a non-integer is named."""
+    for bad in (0, 1, "abc", 2.5):
+        with pytest.raises(ValueError, match=rf"max_length={bad!r}.*(>= 2|an int)"):
+            minilm.encode("hello world", max_length=bad)
+    emb, mask = minilm.encode("hello world", max_length=2)
+    assert emb.shape == (1, 2, 384) and mask.tolist() == [[1, 1]]      # [CLS] [SEP]: truncated, not longer
+    emb, mask = minilm.encode("hello world", max_length=None)
+    assert emb.shape[1] == minilm.default_max_length
+
