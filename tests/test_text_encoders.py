@@ -372,3 +372,18 @@ def test_max_length_is_used_as_given_or_refused(minilm):
     emb, mask = minilm.encode("hello world", max_length=None)
     assert emb.shape[1] == minilm.default_max_length
 
+
+def test_options_an_encoder_cannot_take_are_refused_not_ignored(tmp_path):
+    """Keyword options reach a MiniLM-initialised encoder's config; a loaded encoder takes only HLA's
+    skipping options, and only when it has HLA layers. Anything else would do nothing: it is refused."""
+    cases = [("minilm", "hla_top_k", 8), ("minilm-hla-distilled", "echo", False),
+             ("minilm-hla-distilled", "num_layers", 2), ("minilm-mlra2-distilled", "hla_top_k", 2)]
+    for name, key, value in cases:
+        with pytest.raises(ValueError, match=rf"{key}={value!r}.*{name}"):
+            load_text_encoder(name, **{key: value})
+    hla = load_text_encoder("minilm-hla-distilled", hla_top_k=2)
+    assert all(layer.attn.top_k == 2 for layer in hla.model.layers)
+    # a saved encoder's own skipping settings stay unless an option replaces them
+    hla.save_pretrained(tmp_path / "hla", slim=True)
+    again = load_text_encoder(str(tmp_path / "hla"), hla_route="chunk")
+    assert all((layer.attn.top_k, layer.attn.route) == (2, "chunk") for layer in again.model.layers)
