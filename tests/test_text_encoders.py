@@ -387,3 +387,19 @@ def test_options_an_encoder_cannot_take_are_refused_not_ignored(tmp_path):
     hla.save_pretrained(tmp_path / "hla", slim=True)
     again = load_text_encoder(str(tmp_path / "hla"), hla_route="chunk")
     assert all((layer.attn.top_k, layer.attn.route) == (2, "chunk") for layer in again.model.layers)
+
+
+def test_a_minilm_path_without_tokenizer_files_is_refused(tmp_path, monkeypatch):
+    """MEDIAGEN_MINILM_PATH must hold MiniLM's tokenizer too: without its files transformers builds a tokenizer
+    with no vocabulary, which reads every word as [UNK] and would condition on nothing, without an error."""
+    from mediagen.text.encoders import minilm_path
+
+    source = minilm_path()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).symlink_to(source / name)
+    monkeypatch.setenv("MEDIAGEN_MINILM_PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"MEDIAGEN_MINILM_PATH=.*no tokenizer"):
+        load_text_encoder("minilm")
+    (tmp_path / "vocab.txt").symlink_to(source / "vocab.txt")
+    encoder = load_text_encoder("minilm")
+    assert encoder.tokenizer.unk_token_id not in encoder.tokenizer("the digit 3")["input_ids"]
