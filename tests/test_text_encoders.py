@@ -403,3 +403,12 @@ def test_a_minilm_path_without_tokenizer_files_is_refused(tmp_path, monkeypatch)
     (tmp_path / "vocab.txt").symlink_to(source / "vocab.txt")
     encoder = load_text_encoder("minilm")
     assert encoder.tokenizer.unk_token_id not in encoder.tokenizer("the digit 3")["input_ids"]
+
+
+def test_prompts_that_are_not_text_are_named_in_the_error(minilm):
+    """encode takes a string, None or a list of them; anything else gets one line naming prompts and the value."""
+    for bad in (5, 2.5, object()):
+        with pytest.raises(ValueError, match=r"prompts=.* is not allowed: give a string or a list of strings"):
+            minilm.encode(bad)
+    emb, mask = minilm.encode(("a cat", None), max_length=8)             # any sequence of prompts is taken
+    assert emb.shape == (2, 8, 384) and int(mask[1].sum()) == 2

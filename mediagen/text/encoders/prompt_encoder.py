@@ -59,7 +59,10 @@ class PromptEncoder:
         """Token ids and mask (B, L) on the model's device, with the documented edge behaviour."""
         if isinstance(prompts, str) or prompts is None:
             prompts = [prompts]
-        prompts = ["" if p is None else str(p) for p in prompts]
+        try:
+            prompts = ["" if p is None else str(p) for p in prompts]
+        except TypeError:                                              # a number, say: not a list of prompts
+            raise ValueError(f"prompts={prompts!r} is not allowed: give a string or a list of strings") from None
         if not prompts:
             raise ValueError("prompts is an empty list: give at least one prompt (\"\" is allowed)")
         if max_length is None:
