@@ -941,3 +941,40 @@ def test_a_clip_at_a_size_the_model_never_trained_at_gets_a_note():
     assert size_note("video-mhla", long, 32, 64, 64).startswith("video-mhla was trained on 16 frames of 64×64, 32 "
                                                                 "frames of 128×128; a clip of 32 frames of 64×64")
     assert size_note("video-sdpa", {}, 32, 128, 128) == ""          # a card that names no size: no note
+
+
+def test_a_prompt_longer_than_the_text_models_read_gets_a_note(tmp_path):
+    """The text encoder reads the first TEXT_LENGTH tokens of a prompt; the rest would be dropped without a
+    word on the page (only a warning in the server's log). The Video and Image tabs say so beside the output,
+    for the negative prompt too when guidance uses it; a prompt that fits gets no such note. A tiny untrained
+    video model that reads MiniLM's 384-d states runs one step."""
+    from mediagen.app import generation
+    from mediagen.app.handlers import MediagenApp
+    from mediagen.app.limits import Limits
+    from mediagen.app.models import ModelSet, ModelSource
+    from mediagen.models.presets import preset
+
+    wan = preset("wan-tiny")
+    wan["config"]["text_dim"] = 384
+    models = ModelSet(image=ModelSource("dit-tiny", untrained=("sdpa",)),
+                      video=ModelSource(wan, untrained=("sdpa",), size={"frames": 3, "height": 8, "width": 8}),
+                      text_encoders={"FlashAttention": "minilm"})
+    app = MediagenApp(models, Limits(max_side=16, max_frames=3, max_steps=2, max_batch=1), device="cpu",
+                      output_dir=tmp_path / "out")
+    quiet = lambda *a, **k: None                                           # noqa: E731  (stands in for gr.Progress)
+    long = "the digit 3 moves left " + "across a dark and quiet background " * 12
+    said = rf"prompt is \d+ tokens long; the text encoder reads its first {generation.TEXT_LENGTH} tokens"
+    with pytest.warns(UserWarning, match="truncated"):
+        *_, note = app.video(long, "", "sdpa", "FlashAttention", 2, 8, 8, 1, 0, 1, 4.0, progress=quiet)
+    assert re.search("The " + said, note)
+    with pytest.warns(UserWarning, match="truncated"):
+        *_, note = app.image("prompt", None, long, "", "sdpa", "FlashAttention", 1, 0, 1, 4.0, 8, 8, progress=quiet)
+    assert re.search("The " + said, note)
+    with pytest.warns(UserWarning, match="truncated"):
+        *_, note = app.video("the digit 3 moves left", long, "sdpa", "FlashAttention", 2, 8, 8, 1, 0, 1, 4.0,
+                             progress=quiet)
+    assert re.search("The negative_" + said, note) and not re.search("The " + said, note)
+    for negative, guidance in ((long, 1.0), ("", 4.0)):               # guidance 1 reads no negative prompt
+        *_, note = app.video("the digit 3 moves left", negative, "sdpa", "FlashAttention", 2, 8, 8, 1, 0, 1,
+                             guidance, progress=quiet)
+        assert "tokens long" not in note

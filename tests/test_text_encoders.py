@@ -359,3 +359,56 @@ def test_distillation_prompts_can_hold_the_empty_negative_prompt():
     assert abs(mixed.count("") / len(mixed) - 0.05) < 0.005
     with pytest.raises(ValueError, match=r"--empty-share=1.0 is not allowed"):
         prompt_mix(300, 0.7, seed=0, empty_share=1.0)
+
+
+def test_max_length_is_used_as_given_or_refused(minilm):
+    """max_length=0 must not fall back to the default length, a length below the tokenizer's special
+    tokens cannot be honoured (the output would be longer than asked), and a non-integer is named."""
+    for bad in (0, 1, "abc", 2.5):
+        with pytest.raises(ValueError, match=rf"max_length={bad!r}.*(>= 2|an int)"):
+            minilm.encode("hello world", max_length=bad)
+    emb, mask = minilm.encode("hello world", max_length=2)
+    assert emb.shape == (1, 2, 384) and mask.tolist() == [[1, 1]]      # [CLS] [SEP]: truncated, not longer
+    emb, mask = minilm.encode("hello world", max_length=None)
+    assert emb.shape[1] == minilm.default_max_length
+
+
+def test_options_an_encoder_cannot_take_are_refused_not_ignored(tmp_path):
+    """Keyword options reach a MiniLM-initialised encoder's config; a loaded encoder takes only HLA's
+    skipping options, and only when it has HLA layers. Anything else would do nothing: it is refused."""
+    cases = [("minilm", "hla_top_k", 8), ("minilm-hla-distilled", "echo", False),
+             ("minilm-hla-distilled", "num_layers", 2), ("minilm-mlra2-distilled", "hla_top_k", 2)]
+    for name, key, value in cases:
+        with pytest.raises(ValueError, match=rf"{key}={value!r}.*{name}"):
+            load_text_encoder(name, **{key: value})
+    hla = load_text_encoder("minilm-hla-distilled", hla_top_k=2)
+    assert all(layer.attn.top_k == 2 for layer in hla.model.layers)
+    # a saved encoder's own skipping settings stay unless an option replaces them
+    hla.save_pretrained(tmp_path / "hla", slim=True)
+    again = load_text_encoder(str(tmp_path / "hla"), hla_route="chunk")
+    assert all((layer.attn.top_k, layer.attn.route) == (2, "chunk") for layer in again.model.layers)
+
+
+def test_a_minilm_path_without_tokenizer_files_is_refused(tmp_path, monkeypatch):
+    """MEDIAGEN_MINILM_PATH must hold MiniLM's tokenizer too: without its files transformers builds a tokenizer
+    with no vocabulary, which reads every word as [UNK] and would condition on nothing, without an error."""
+    from mediagen.text.encoders import minilm_path
+
+    source = minilm_path()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).symlink_to(source / name)
+    monkeypatch.setenv("MEDIAGEN_MINILM_PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"MEDIAGEN_MINILM_PATH=.*no tokenizer"):
+        load_text_encoder("minilm")
+    (tmp_path / "vocab.txt").symlink_to(source / "vocab.txt")
+    encoder = load_text_encoder("minilm")
+    assert encoder.tokenizer.unk_token_id not in encoder.tokenizer("the digit 3")["input_ids"]
+
+
+def test_prompts_that_are_not_text_are_named_in_the_error(minilm):
+    """encode takes a string, None or a list of them; anything else gets one line naming prompts and the value."""
+    for bad in (5, 2.5, object()):
+        with pytest.raises(ValueError, match=r"prompts=.* is not allowed: give a string or a list of strings"):
+            minilm.encode(bad)
+    emb, mask = minilm.encode(("a cat", None), max_length=8)             # any sequence of prompts is taken
+    assert emb.shape == (2, 8, 384) and int(mask[1].sum()) == 2

@@ -21,6 +21,7 @@ class Generated:
     samples: np.ndarray
     timings: dict = field(default_factory=dict)   # seconds per stage
     step_seconds: list = field(default_factory=list)   # each denoising step, the first from the stage's start
+    notes: list = field(default_factory=list)   # lines for the page about how the request was read
 
     @property
     def is_video(self) -> bool:
@@ -104,14 +105,28 @@ TEXT_LENGTH = 64
 
 
 def encode_prompt(cache, encoder_label: str, prompt: str, negative_prompt: str | None, guidance: float):
-    """(prompt embeds, negative embeds or None) from the chosen text encoder, padded to TEXT_LENGTH."""
+    """(prompt embeds, negative embeds or None, notes) from the chosen text encoder, padded to TEXT_LENGTH.
+    A prompt of more tokens is cut to TEXT_LENGTH; ``notes`` says so (one line per prompt cut), since the
+    encoder's own warning reaches only the server's log and the user would not know the end was unread."""
     encoder = cache.text_encoder(encoder_label)
+    notes = []
     with cache.encoder_lock(encoder_label):
         embeds, _ = encoder.encode([prompt], max_length=TEXT_LENGTH, padding="max_length")
+        notes.append(_length_note(encoder, prompt, "prompt"))
         negative = None
         if guidance > 1.0:
             negative, _ = encoder.encode([negative_prompt or ""], max_length=TEXT_LENGTH, padding="max_length")
-    return embeds, negative
+            notes.append(_length_note(encoder, negative_prompt, "negative_prompt"))
+    return embeds, negative, [n for n in notes if n]
+
+
+def _length_note(encoder, prompt: str | None, name: str) -> str:
+    """A line when ``prompt`` has more tokens than TEXT_LENGTH (the encoder reads only those); "" otherwise."""
+    n = len(encoder.tokenizer(prompt or "", add_special_tokens=True, verbose=False)["input_ids"])
+    if n <= TEXT_LENGTH:
+        return ""
+    return (f"The {name} is {n} tokens long; the text encoder reads its first {TEXT_LENGTH} tokens, so the rest of "
+            "it is not read: shorten it.")
 
 
 def text_samples(cache, attention: str, encoder_label: str, prompt: str, negative_prompt: str | None, batch: int,
@@ -132,7 +147,7 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
     pipe.set_runtime(runtime)
     cache.text_encoder(encoder_label)                        # loaded (once) outside the timed stage
     with clock.stage("text_encoding"):
-        embeds, negative = encode_prompt(cache, encoder_label, prompt, negative_prompt, guidance)
+        embeds, negative, notes = encode_prompt(cache, encoder_label, prompt, negative_prompt, guidance)
     with clock.stage("denoising"):
         latents = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, height=height, width=width,
                        num_frames=frames, num_inference_steps=steps, guidance_scale=guidance,
@@ -140,7 +155,7 @@ def text_samples(cache, attention: str, encoder_label: str, prompt: str, negativ
                        callback_on_step_end=clock.step_callback(on_step)).frames
     with clock.stage("decoding"), torch.no_grad():
         videos = np.asarray(pipe.decode(latents, "np"), dtype=np.float32)
-    return Generated(videos[:, frames // 2] if image else videos, clock.timings, clock.step_seconds)
+    return Generated(videos[:, frames // 2] if image else videos, clock.timings, clock.step_seconds, notes)
 
 
 def still_frames(cache) -> int:

@@ -254,6 +254,7 @@ class MediagenApp:
                 self.cache, attention, encoder, given, negative_prompt, batch, seed, steps, guidance, h, w, 1,
                 runtime=runtime), runtime)
             stem = f"{files.slug(prompt)[:40]}-{attention}-seed{seed}"
+            note = "\n\n".join(x for x in (note, *result.notes) if x)
         folder = files.request_dir(self.output_root, "image")
         downloads, previews = files.save_images(result.samples, folder, stem)
         return previews, downloads, _ms(result.timings), note
@@ -283,8 +284,8 @@ class MediagenApp:
             runtime=runtime), runtime)
         folder = files.request_dir(self.output_root, "video")
         downloads, _ = files.save_videos(result.samples, folder, f"{files.slug(prompt)[:40]}-{attention}-seed{seed}")
-        note = "\n\n".join(x for x in (line, self.prompt_note(prompt, attention), self.size_note(attention, f, h, w))
-                             if x)
+        note = "\n\n".join(x for x in (line, self.prompt_note(prompt, attention), self.size_note(attention, f, h, w),
+                                       *result.notes) if x)
         return downloads[0], downloads, _ms(result.timings), note
 
     def read_as(self, prompt, attention, rewrite: bool = True) -> tuple[str, str]:

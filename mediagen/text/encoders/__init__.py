@@ -50,6 +50,23 @@ def distilled_path(name: str) -> Path:
     return folder
 
 
+SKIPPING_OPTIONS = ("hla_top_k", "hla_gate_threshold", "hla_route")
+
+
+def _check_options(name: str, config: dict, allowed: tuple[str, ...]) -> None:
+    """An option the encoder cannot use would be dropped without a trace: refuse it instead."""
+    for key in sorted(set(config) - set(allowed)):
+        raise ValueError(f"option {key}={config[key]!r} is not allowed for text encoder {name!r}: it takes "
+                         f"{', '.join(allowed) if allowed else 'no options'}")
+
+
+def _apply_skipping(name: str, model: MediagenTextEncoder, config: dict) -> None:
+    """HLA's skipping options over the saved ones (an option left out keeps the saved value)."""
+    _check_options(name, config, SKIPPING_OPTIONS if model.config.attention == "hla" else ())
+    if config:
+        model.set_hla_skipping(*(config.get(k, getattr(model.config, k)) for k in SKIPPING_OPTIONS))
+
+
 def _load_hub(name: str, torch_dtype, device):
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     try:
@@ -79,10 +96,13 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
                       **config) -> PromptEncoder:
     """Build a ``PromptEncoder`` by name (see the module docstring). Extra keyword arguments go to
     the MediagenTextEncoder config for "minilm-*" names (e.g. hla_top_k=8); for a distilled or saved
-    encoder only the HLA skipping options (hla_top_k, hla_gate_threshold, hla_route) apply."""
+    encoder with HLA layers only the HLA skipping options (hla_top_k, hla_gate_threshold, hla_route), over
+    its saved ones; any other option (or any for "minilm" and hub encoders) is a ``ValueError``."""
     if name == "minilm":
+        _check_options(name, config, ())
         return PromptEncoder(load_minilm_tokenizer(), load_minilm(torch_dtype, device), kind="minilm",
                              max_length_limit=MINILM_MAX_LENGTH, default_max_length=77)
+    label = name
     if name in DISTILLED:
         name = str(distilled_path(name))
     if name in MINILM_VARIANTS:
@@ -96,19 +116,16 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
         meta = json.loads((path / "config.json").read_text())
         if meta.get("_class_name") == MediagenTextEncoder.__name__ and SLIM_KEY in meta:
             model = load_slim(path, torch_dtype)
-            if config:
-                model.set_hla_skipping(config.get("hla_top_k"), config.get("hla_gate_threshold"),
-                                       config.get("hla_route"))
+            _apply_skipping(label, model, config)
             return PromptEncoder(load_minilm_tokenizer(), model.to(device), kind="mediagen",
                                  default_max_length=77)
         if meta.get("_class_name") == MediagenTextEncoder.__name__:
             from transformers import AutoTokenizer
             model = MediagenTextEncoder.from_pretrained(path, torch_dtype=torch_dtype)
-            if config:
-                model.set_hla_skipping(config.get("hla_top_k"), config.get("hla_gate_threshold"),
-                                       config.get("hla_route"))
+            _apply_skipping(label, model, config)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             return PromptEncoder(tokenizer, model.eval().to(device), kind="mediagen", default_max_length=77)
+    _check_options(name, config, ())
     return _load_hub(name, torch_dtype, device)
 
 

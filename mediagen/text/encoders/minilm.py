@@ -15,6 +15,7 @@ import torch
 
 MINILM_MAX_LENGTH = 512
 PATH_ENV = "MEDIAGEN_MINILM_PATH"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")     # a fast tokenizer's file, or BERT's WordPiece vocabulary
 
 
 def minilm_path() -> Path:
@@ -39,7 +40,15 @@ def minilm_path() -> Path:
 
 def load_minilm_tokenizer():
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
+    path = minilm_path()
+    # Without its files transformers still builds a tokenizer, with an empty vocabulary that reads every
+    # word as [UNK]: the encoder would run on nothing without an error.
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        where = f"{PATH_ENV}={path}" if os.environ.get(PATH_ENV) else f"MiniLM's folder {path}"
+        raise FileNotFoundError(f"{where} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); point "
+                                f"{PATH_ENV} at a directory holding MiniLM's config.json, tokenizer files and "
+                                "model.safetensors")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def load_minilm(torch_dtype=torch.float32, device=None):

@@ -5,13 +5,15 @@ Documented behaviour at the edges (never a crash):
     if a tokenizer yields no token at all, one pad token is marked real so no row is empty;
   * a prompt longer than ``max_length`` tokens is truncated (special tokens kept) with a
     ``UserWarning`` naming the prompt and its length;
-  * ``max_length`` above what the encoder can take (MiniLM: 512 positions) is a ``ValueError``;
+  * ``max_length`` above what the encoder can take (MiniLM: 512 positions), or below the tokenizer's
+    special tokens (BERT: 2), is a ``ValueError``; None means ``default_max_length``;
   * an empty list of prompts is a ``ValueError``.
 Padding is on the right; outputs at padded positions are zero.
 """
 
 from __future__ import annotations
 
+import operator
 import warnings
 from pathlib import Path
 
@@ -30,6 +32,11 @@ class PromptEncoder:
         self.kind = kind
         self.max_length_limit = max_length_limit
         self.default_max_length = default_max_length
+
+    @property
+    def min_max_length(self) -> int:
+        """The shortest ``max_length`` honoured: the tokenizer's special tokens, at least one token."""
+        return max(1, int(self.tokenizer.num_special_tokens_to_add(pair=False)))
 
     @property
     def device(self) -> torch.device:
@@ -52,12 +59,24 @@ class PromptEncoder:
         """Token ids and mask (B, L) on the model's device, with the documented edge behaviour."""
         if isinstance(prompts, str) or prompts is None:
             prompts = [prompts]
-        prompts = ["" if p is None else str(p) for p in prompts]
+        try:
+            prompts = ["" if p is None else str(p) for p in prompts]
+        except TypeError:                                              # a number, say: not a list of prompts
+            raise ValueError(f"prompts={prompts!r} is not allowed: give a string or a list of strings") from None
         if not prompts:
             raise ValueError("prompts is an empty list: give at least one prompt (\"\" is allowed)")
-        max_length = int(max_length or self.default_max_length)
-        if max_length < 1:
-            raise ValueError(f"max_length={max_length} must be >= 1")
+        if max_length is None:
+            max_length = self.default_max_length
+        try:                                                           # an int, never a rounded float
+            max_length = operator.index(max_length)
+        except TypeError:
+            raise ValueError(f"max_length={max_length!r} is not allowed: give an int >= "
+                             f"{self.min_max_length}, or None for {self.default_max_length}") from None
+        # The special tokens ([CLS] [SEP]) are never cut, so a shorter length could not be honoured:
+        # the tokenizer would return rows longer than max_length.
+        if max_length < self.min_max_length:
+            raise ValueError(f"max_length={max_length!r} is not allowed: it must be >= {self.min_max_length} "
+                             "(the tokenizer's special tokens take that many)")
         if self.max_length_limit is not None and max_length > self.max_length_limit:
             raise ValueError(f"max_length={max_length} exceeds this encoder's limit of "
                              f"{self.max_length_limit} tokens")
