@@ -446,6 +446,19 @@ def test_query_grad_multiplies_fp32_summaries_in_two_parts(device, dtype):
     assert rel_err(dq.cpu(), want.transpose(1, 2)) < 1e-2
 
 
+@pytest.mark.parametrize("algorithm", ["chunked", "dense"])
+def test_second_order_gradients_are_refused(device, algorithm):
+    """The kernels' backward is not itself differentiable. Asked for a graph of the gradients (create_graph=True),
+    the op must make a later differentiation through them fail loudly, not hand back gradients that silently drop
+    every term through dq (a gradient penalty would train on the wrong loss)."""
+    q, k, v = (t.requires_grad_() for t in make(1, (3, 4), 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device, requires_grad=True)
+    o = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", algorithm=algorithm)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (o.sum() + dq.square().sum()).backward()
+
+
 def test_dispatch_defaults(device):
     q, k, v = make(1, (4, 4), 2, 16, torch.float32, device, None)
     mix = torch.rand(4, 4, device=device)

@@ -32,6 +32,7 @@ import math
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .checks import FEATURE_CODES
 from .layout import block_token_lists, kept_on
@@ -326,6 +327,7 @@ class _MHLAFunction(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients carry no graph: a second differentiation must fail, not drop terms
     def backward(ctx, g):
         q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
         return (*ctx.plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin, ctx.exchange), None, None, None, None)
