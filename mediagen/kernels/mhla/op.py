@@ -18,6 +18,7 @@ from .naive import mhla_reference
 from .rotation import split_rope
 
 try:  # triton ships with CUDA builds of torch on Linux; elsewhere only the reference runs
+    from .tiles import _interpreting
     from .triton_op import mhla_triton
 except ImportError:  # pragma: no cover - platform without triton
     mhla_triton = None
@@ -68,6 +69,11 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
                           scale=scale, rope=rope)
     if mhla_triton is None:
         raise ValueError("backend='triton' needs the triton package, which is not installed here")
+    if not q.is_cuda and not _interpreting():
+        # Triton launches on GPU memory; CPU tensors run only in its interpreter (TRITON_INTERPRET=1 set before
+        # import), and a launch on them otherwise fails deep inside Triton with a message that names neither
+        raise ValueError(f"backend='triton' needs CUDA tensors, not q on {q.device} (or TRITON_INTERPRET=1 set "
+                         f"before mediagen is imported): use backend='blocked' or None, or move the tensors")
     return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
                        feature_map=feature_map, scale=scale, algorithm=algorithm,
                        rope=None if cos is None else (cos, sin), cpe=cpe)
