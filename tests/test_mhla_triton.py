@@ -478,6 +478,19 @@ def test_chunked_backward_with_eps_zero(device):
         assert rel_err(a, b) < 1e-4, name
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "chunked", "dense"])
+def test_an_empty_batch_gives_an_empty_output_and_gradients(device, algorithm):
+    """B = 0 (an empty batch) is a valid shape: o and the input gradients are empty, Mc's gradient is zero (no
+    tokens), whichever algorithm is asked for, as softmax attention does."""
+    q, k, v = (t.requires_grad_() for t in make(0, (3, 4), 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device, requires_grad=True)
+    o = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", algorithm=algorithm)
+    assert o.shape == q.shape and o.dtype == q.dtype
+    grads = torch.autograd.grad(o.sum(), (q, k, v, mix))
+    assert [t.shape for t in grads] == [q.shape, k.shape, v.shape, mix.shape]
+    assert torch.equal(grads[3], torch.zeros_like(mix))
+
+
 def test_dispatch_defaults(device):
     q, k, v = make(1, (4, 4), 2, 16, torch.float32, device, None)
     mix = torch.rand(4, 4, device=device)

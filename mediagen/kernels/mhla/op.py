@@ -59,6 +59,10 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
     grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
     cos, sin = split_rope(rope, q)
     path = resolve_backend(backend, q.device)
+    if path == "triton" and q.numel() == 0:
+        # no tokens to launch over (an empty batch): the launch settings divide by the programs' count, and the
+        # PyTorch path gives the empty output and its gradients (Mc's zero); a CPE of no tokens adds nothing
+        path, cpe = "blocked", None
     if cpe is not None and path != "triton":
         raise ValueError(f"cpe= is taken by the Triton path only, not backend={path!r}: add the CPE after the op")
     if path == "blocked" and mix_gradient_cancels(normalize, blocks) and mix.requires_grad:
