@@ -121,6 +121,17 @@ def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_by_name(monkey
     assert (mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="blocked") - want).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["blocked", "reference"])
+def test_an_unknown_algorithm_is_refused_on_every_path(backend):
+    """``algorithm`` picks the Triton forward; a misspelt one is refused where the PyTorch paths run too, not only
+    once the same call reaches a GPU."""
+    q = torch.randn(1, 12, 2, 16)
+    with pytest.raises(ValueError, match="algorithm='dens' is not allowed"):
+        mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend=backend, algorithm="dens")
+    for algorithm in ("auto", "chunked", "dense"):  # the PyTorch paths take every Triton choice (and ignore it)
+        mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend=backend, algorithm=algorithm)
+
+
 def test_short_sequences_take_the_quadratic_form(monkeypatch):
     """"auto" takes the quadratic form where it does at most 3x the blocked form's multiply-adds (the class-to-image
     model's 196 tokens, D = 64, 9 blocks) and the blocked form for long sequences, huge score tensors and in traced

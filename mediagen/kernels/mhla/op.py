@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - platform without triton
     mhla_triton = None
 
 BACKENDS = ("auto", "triton", "blocked", "reference")
+ALGORITHMS = ("auto", "chunked", "dense")  # the Triton forwards (triton_op.ALGORITHMS)
 
 
 def resolve_backend(backend, device) -> str:
@@ -59,6 +60,8 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
     grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
     cos, sin = split_rope(rope, q)
     path = resolve_backend(backend, q.device)
+    if algorithm not in ALGORITHMS:  # (checked on every path: a misspelt one would otherwise pass until a GPU run)
+        raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
     if path == "triton" and q.numel() == 0:
         # no tokens to launch over (an empty batch): the launch settings divide by the programs' count, and the
         # PyTorch path gives the empty output and its gradients (Mc's zero); a CPE of no tokens adds nothing
