@@ -491,6 +491,26 @@ def test_an_empty_batch_gives_an_empty_output_and_gradients(device, algorithm):
     assert torch.equal(grads[3], torch.zeros_like(mix))
 
 
+def test_rope_tables_that_require_grad_are_refused_by_the_kernels(device):
+    """The kernels give no gradient to the angle tables (the PyTorch paths do). Tables that require grad, with
+    gradients on, are refused by name rather than left silently without a gradient; without gradients, or
+    detached, they are taken."""
+    q, k, v = (t.requires_grad_() for t in make(1, (3, 4), 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device)
+    angles = torch.rand(12, 8, device=device, requires_grad=True)
+    tables = (angles.cos(), angles.sin())
+    with pytest.raises(ValueError, match="rope"):
+        mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", rope=tables)
+    want = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="reference",
+                rope=tuple(t.detach() for t in tables))
+    with torch.no_grad():
+        got = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", rope=tables)
+    assert rel_err(got, want) < 1e-4
+    got = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton",
+               rope=tuple(t.detach() for t in tables))
+    assert rel_err(got, want) < 1e-4
+
+
 def test_dispatch_defaults(device):
     q, k, v = make(1, (4, 4), 2, 16, torch.float32, device, None)
     mix = torch.rand(4, 4, device=device)
