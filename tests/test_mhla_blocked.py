@@ -104,6 +104,34 @@ def test_cpu_tensors_take_the_blocked_path_and_the_others_stay_selectable(monkey
         mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="fast")
 
 
+def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_by_name(monkeypatch):
+    """Triton launches on CUDA tensors, or on CPU tensors only in its interpreter. Forcing it (argument or
+    environment) on CPU tensors otherwise is a ValueError naming the backend and the device, not Triton's own
+    failure deep in a launch ("0 active drivers")."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 12, 2, 16)
+    with pytest.raises(ValueError, match="backend='triton'.*cpu"):
+        mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="triton")
+    monkeypatch.setenv("MEDIAGEN_MHLA_BACKEND", "triton")
+    with pytest.raises(ValueError, match="backend='triton'.*cpu"):
+        mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu")
+    want = mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="reference")
+    assert torch.equal(mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="blocked"),
+                       mhla_blocked(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu"))
+    assert (mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend="blocked") - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["blocked", "reference"])
+def test_an_unknown_algorithm_is_refused_on_every_path(backend):
+    """``algorithm`` picks the Triton forward; a misspelt one is refused where the PyTorch paths run too, not only
+    once the same call reaches a GPU."""
+    q = torch.randn(1, 12, 2, 16)
+    with pytest.raises(ValueError, match="algorithm='dens' is not allowed"):
+        mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend=backend, algorithm="dens")
+    for algorithm in ("auto", "chunked", "dense"):  # the PyTorch paths take every Triton choice (and ignore it)
+        mhla(q, q, q, torch.eye(4), (3, 4), (2, 2), feature_map="relu", backend=backend, algorithm=algorithm)
+
+
 def test_short_sequences_take_the_quadratic_form(monkeypatch):
     """"auto" takes the quadratic form where it does at most 3x the blocked form's multiply-adds (the class-to-image
     model's 196 tokens, D = 64, 9 blocks) and the blocked form for long sequences, huge score tensors and in traced

@@ -446,6 +446,71 @@ def test_query_grad_multiplies_fp32_summaries_in_two_parts(device, dtype):
     assert rel_err(dq.cpu(), want.transpose(1, 2)) < 1e-2
 
 
+@pytest.mark.parametrize("algorithm", ["chunked", "dense"])
+def test_second_order_gradients_are_refused(device, algorithm):
+    """The kernels' backward is not itself differentiable. Asked for a graph of the gradients (create_graph=True),
+    the op must make a later differentiation through them fail loudly, not hand back gradients that silently drop
+    every term through dq (a gradient penalty would train on the wrong loss)."""
+    q, k, v = (t.requires_grad_() for t in make(1, (3, 4), 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device, requires_grad=True)
+    o = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", algorithm=algorithm)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (o.sum() + dq.square().sum()).backward()
+
+
+@pytest.mark.xfail(strict=True, reason="query_grad_kernel divides by q~.z~ + eps on masked (padding) rows too: with "
+                   "eps=0 that is 1/0, and 0 * inf = NaN reaches dS~, so dk, dv and dMc come back NaN")
+def test_chunked_backward_with_eps_zero(device):
+    """eps=0 is allowed (checks.py). With strictly positive features every real denominator is positive, so the
+    gradients are finite and equal the oracle's; the chunked backward must not let rows past a block's end
+    (no token) into them."""
+    q, k, v = make(1, (3, 5), 2, 16, torch.float32, device, None)
+    q, k = q + 0.1, k + 0.1  # features > 0: every q~.z~ > 0
+    mix = torch.rand(4, 4, device=device) + 0.1
+    g = torch.randn(q.shape, device=device)
+    ins = [t.detach().clone().requires_grad_() for t in (q, k, v, mix)]
+    o = mhla(*ins, (3, 5), (2, 2), eps=0.0, backend="triton", algorithm="chunked")
+    got = torch.autograd.grad(o, ins, g)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v, mix)]
+    want = torch.autograd.grad(mhla_dense(*ref, (3, 5), (2, 2), eps=0.0), ref, g.double())
+    for name, a, b in zip("qkvm", got, want):
+        assert rel_err(a, b) < 1e-4, name
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "chunked", "dense"])
+def test_an_empty_batch_gives_an_empty_output_and_gradients(device, algorithm):
+    """B = 0 (an empty batch) is a valid shape: o and the input gradients are empty, Mc's gradient is zero (no
+    tokens), whichever algorithm is asked for, as softmax attention does."""
+    q, k, v = (t.requires_grad_() for t in make(0, (3, 4), 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device, requires_grad=True)
+    o = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", algorithm=algorithm)
+    assert o.shape == q.shape and o.dtype == q.dtype
+    grads = torch.autograd.grad(o.sum(), (q, k, v, mix))
+    assert [t.shape for t in grads] == [q.shape, k.shape, v.shape, mix.shape]
+    assert torch.equal(grads[3], torch.zeros_like(mix))
+
+
+def test_rope_tables_that_require_grad_are_refused_by_the_kernels(device):
+    """The kernels give no gradient to the angle tables (the PyTorch paths do). Tables that require grad, with
+    gradients on, are refused by name rather than left silently without a gradient; without gradients, or
+    detached, they are taken."""
+    q, k, v = (t.requires_grad_() for t in make(1, (3, 4), 2, 16, torch.float32, device, "relu"))
+    mix = torch.rand(4, 4, device=device)
+    angles = torch.rand(12, 8, device=device, requires_grad=True)
+    tables = (angles.cos(), angles.sin())
+    with pytest.raises(ValueError, match="rope"):
+        mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", rope=tables)
+    want = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="reference",
+                rope=tuple(t.detach() for t in tables))
+    with torch.no_grad():
+        got = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton", rope=tables)
+    assert rel_err(got, want) < 1e-4
+    got = mhla(q, k, v, mix, (3, 4), (2, 2), feature_map="relu", backend="triton",
+               rope=tuple(t.detach() for t in tables))
+    assert rel_err(got, want) < 1e-4
+
+
 def test_dispatch_defaults(device):
     q, k, v = make(1, (4, 4), 2, 16, torch.float32, device, None)
     mix = torch.rand(4, 4, device=device)

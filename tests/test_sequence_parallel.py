@@ -167,6 +167,37 @@ def test_bytes_sent_are_exchange_bytes(op_results, case):
         assert result["sent"]["forward"] > 0 and (result["sent"]["backward"] > 0) == (not case.endswith("nograd"))
 
 
+def _one_block_worker(rank, world, port, out_dir):
+    """Each of the ranks holds one block of two: Mc does not cancel (two blocks, normalize), so its gradient summed
+    over the ranks is the single-process one, not the exact zero of a one-block Mc."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        grid, blocks = (7, 3), (2, 1)
+        gen = torch.Generator().manual_seed(SEED)
+        q, k, v, g = (torch.randn(B, math.prod(grid), H, D, generator=gen) for _ in range(4))
+        mix = torch.rand(2, 2, generator=gen)
+        full = [t.double().requires_grad_() for t in (q, k, v, mix)]
+        (want,) = torch.autograd.grad(mhla_reference(*full, grid, blocks, feature_map="relu"), full[3], g.double())
+        local = [shard_tokens(t, grid, blocks, rank, world).contiguous() for t in (q, k, v)]
+        local_mix = mix.clone().requires_grad_()
+        o = sequence_parallel_mhla(*local, local_mix, grid, blocks, feature_map="relu")
+        (got,) = torch.autograd.grad(o, local_mix, shard_tokens(g, grid, blocks, rank, world))
+        dist.all_reduce(got)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"dmix": _rel(got, want), "norm": want.norm().item()}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_mix_gradient_with_one_block_per_rank(tmp_path):
+    mp.spawn(_one_block_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    for r in range(2):
+        result = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert result["norm"] > 0 and result["dmix"] < 1e-5, (r, result)
+
+
 # latent frames of Wan's VAE (4x in time) at 21, 41 and 81 video frames; 480x832 -> 30 x 52 tokens
 WAN_480P_LATENT_FRAMES = {21: 6, 41: 11, 81: 21}
 

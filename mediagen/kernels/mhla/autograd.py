@@ -32,6 +32,7 @@ import math
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .checks import FEATURE_CODES
 from .layout import block_token_lists, kept_on
@@ -160,7 +161,9 @@ class _Plan:
         forward sz and mixed are its inv and lo (``forward``). ``exchange``: as in ``forward``; dMc is then this
         process's share (its rows), which the processes' shares sum to."""
         dq, dk, dv, dmix = self._gradients(g, q, k, v, mix, o, sz, mixed, cos, sin, exchange)
-        if self.M == 1 and self.args[3]:  # Mc cancels: exact zero (op.mix_gradient_cancels)
+        # Mc cancels when the whole grid is one block (op.mix_gradient_cancels): exact zero. M_all, not the held
+        # blocks M: a process of a sequence-parallel group may hold one block of several, whose Mc does not cancel
+        if self.M_all == 1 and self.args[3]:
             dmix = torch.zeros_like(dmix)
         return dq, dk, dv, dmix
 
@@ -326,6 +329,7 @@ class _MHLAFunction(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients carry no graph: a second differentiation must fail, not drop terms
     def backward(ctx, g):
         q, k, v, mix, o, sz, mixed, cos, sin = ctx.saved_tensors
         return (*ctx.plan.backward(g, q, k, v, mix, o, sz, mixed, cos, sin, ctx.exchange), None, None, None, None)

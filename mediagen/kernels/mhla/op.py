@@ -18,11 +18,13 @@ from .naive import mhla_reference
 from .rotation import split_rope
 
 try:  # triton ships with CUDA builds of torch on Linux; elsewhere only the reference runs
+    from .tiles import _interpreting
     from .triton_op import mhla_triton
 except ImportError:  # pragma: no cover - platform without triton
     mhla_triton = None
 
 BACKENDS = ("auto", "triton", "blocked", "reference")
+ALGORITHMS = ("auto", "chunked", "dense")  # the Triton forwards (triton_op.ALGORITHMS)
 
 
 def resolve_backend(backend, device) -> str:
@@ -58,6 +60,12 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
     grid, blocks = check_mhla_args(q, k, v, mix, grid, blocks, normalize, eps, feature_map, scale)
     cos, sin = split_rope(rope, q)
     path = resolve_backend(backend, q.device)
+    if algorithm not in ALGORITHMS:  # (checked on every path: a misspelt one would otherwise pass until a GPU run)
+        raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
+    if path == "triton" and q.numel() == 0:
+        # no tokens to launch over (an empty batch): the launch settings divide by the programs' count, and the
+        # PyTorch path gives the empty output and its gradients (Mc's zero); a CPE of no tokens adds nothing
+        path, cpe = "blocked", None
     if cpe is not None and path != "triton":
         raise ValueError(f"cpe= is taken by the Triton path only, not backend={path!r}: add the CPE after the op")
     if path == "blocked" and mix_gradient_cancels(normalize, blocks) and mix.requires_grad:
@@ -68,6 +76,11 @@ def mhla(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature_map=No
                           scale=scale, rope=rope)
     if mhla_triton is None:
         raise ValueError("backend='triton' needs the triton package, which is not installed here")
+    if not q.is_cuda and not _interpreting():
+        # Triton launches on GPU memory; CPU tensors run only in its interpreter (TRITON_INTERPRET=1 set before
+        # import), and a launch on them otherwise fails deep inside Triton with a message that names neither
+        raise ValueError(f"backend='triton' needs CUDA tensors, not q on {q.device} (or TRITON_INTERPRET=1 set "
+                         f"before mediagen is imported): use backend='blocked' or None, or move the tensors")
     return mhla_triton(q, k, v, mix, grid, blocks, normalize=normalize, eps=float(eps),
                        feature_map=feature_map, scale=scale, algorithm=algorithm,
                        rope=None if cos is None else (cos, sin), cpe=cpe)

@@ -45,6 +45,10 @@ def mhla_triton(q, k, v, mix, grid, blocks, *, normalize=True, eps=1e-6, feature
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not allowed: use one of {ALGORITHMS}")
     cos, sin = rope if rope is not None else (None, None)
+    if cos is not None and torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        # the kernels differentiate q, k, v and Mc only: a table's gradient would be silently missing
+        raise ValueError("rope tables that require grad are not differentiated by the Triton kernels: detach them "
+                         "(fixed angles), or use backend='blocked' to learn them")
     if cpe is not None and (exchange is not None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, mix, *cpe)))):
         raise ValueError("cpe= is taken only by an eager forward that nothing differentiates, without an exchange: "
