@@ -87,3 +87,12 @@ def test_dit_mhla_runs_below_its_trained_grid():
     with torch.no_grad():
         out = model(**dit_inputs(batch=1, side=4)).sample       # a 2x2 token grid
     assert out.shape[-2:] == (4, 4) and torch.isfinite(out).all()
+
+
+def test_a_one_dimensional_layer_takes_an_int_grid_as_the_op_does():
+    """The op reads grid=12 as the 1-D grid (12,); the layer over it does the same instead of failing to
+    iterate an int."""
+    torch.manual_seed(0)
+    layer = MHLAttention((3,), heads=2)
+    q, k, v = (torch.randn(1, 12, 2, 16) for _ in range(3))
+    assert torch.equal(layer(q, k, v, 12), layer(q, k, v, (12,)))

@@ -261,7 +261,7 @@ class MHLAttention(nn.Module):
         of shape (N, D/2), see the module docstring (None: plain MHLA). ``cpe``: (weight, bias) of a CPE over
         ``grid`` to add to the output, on the Triton path without gradients (``kernels.mhla.mhla``).
         ``backend``: as the op's (None: by device)."""
-        grid = tuple(int(g) for g in grid)
+        grid = (int(grid),) if isinstance(grid, int) else tuple(int(g) for g in grid)  # an int: a 1-D grid, as the op takes
         if len(grid) != len(self.blocks):
             raise ValueError(f"grid={grid} has {len(grid)} axes but this layer's blocks={self.blocks} "
                              f"has {len(self.blocks)}")
