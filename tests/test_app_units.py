@@ -946,7 +946,7 @@ def test_a_clip_at_a_size_the_model_never_trained_at_gets_a_note():
 def test_a_prompt_longer_than_the_text_models_read_gets_a_note(tmp_path):
     """The text encoder reads the first TEXT_LENGTH tokens of a prompt; the rest would be dropped without a
     word on the page (only a warning in the server's log). The Video and Image tabs say so beside the output,
-    for the negative prompt too when guidance uses it; a prompt that fits gets no such note. A tiny untrained
+    for the negative prompt too when guidance uses it, and Compare in each row; a prompt that fits gets no note. A tiny untrained
     video model that reads MiniLM's 384-d states runs one step."""
     from mediagen.app import generation
     from mediagen.app.handlers import MediagenApp
@@ -978,3 +978,13 @@ def test_a_prompt_longer_than_the_text_models_read_gets_a_note(tmp_path):
         *_, note = app.video("the digit 3 moves left", negative, "sdpa", "FlashAttention", 2, 8, 8, 1, 0, 1,
                              guidance, progress=quiet)
         assert "tokens long" not in note
+    # Compare, with the prompt as written (no caption template to rewrite to): each row carries the note and
+    # its caption says the prompt was cut
+    with pytest.warns(UserWarning, match="truncated"):
+        gallery, _, _, details = app.compare("text-to-video", [], long, 0, 0, 1, 4.0, 2, 8, 8, rewrite_prompt=False,
+                                             progress=quiet)
+    assert details and all(re.search("The " + said, d["prompt_note"]) for d in details)
+    assert all("prompt cut" in caption for _, caption in gallery)
+    gallery, _, _, details = app.compare("text-to-video", [], "the digit 3 moves left", 0, 0, 1, 4.0, 2, 8, 8,
+                                         progress=quiet)
+    assert not any("prompt_note" in d for d in details) and not any("prompt cut" in c for _, c in gallery)

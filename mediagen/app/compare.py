@@ -177,6 +177,8 @@ def compare(cache, req: CompareRequest, progress=None) -> list[dict]:
         ms["total_ms"] = sum(ms.values())
         read = req.prompts.get(attention, (req.prompt, ""))
         told = {"prompt_read_as": read[0]} if read[1] else {}   # the prompt as this model was given it
+        if result.notes:   # the prompt was longer than the text encoder reads: said, as the Video tab says it
+            told["prompt_note"] = " ".join(result.notes)
         rows.append({"config": label, "attention": attention, "text_encoder": encoder, **told, **ms,
                      **quality(req, sample, reference), "sample": sample, "step_seconds": result.step_seconds})
     return rows

@@ -391,7 +391,8 @@ class MediagenApp:
             downloads += got
             read = row.get("prompt_read_as")
             caption = " · ".join([row["config"]] + ([f"read as: {read}"] if read else [])
-                                 + (["not trained at this size"] if row.get("size_note") else []))
+                                 + (["not trained at this size"] if row.get("size_note") else [])
+                                 + (["prompt cut to the tokens the encoder reads"] if row.get("prompt_note") else []))
             gallery.append((previews[0], caption))
         columns = [c for c in TABLE_COLUMNS if any(c in r for r in rows)]
         table = [[_cell(c, r.get(c)) for c in columns] for r in rows]
