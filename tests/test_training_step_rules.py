@@ -238,7 +238,8 @@ def test_an_earlier_checkpoint_exports_its_own_weights(tmp_path):
 
 def test_each_epoch_uses_every_full_batch_once_in_a_new_order():
     """Steps 1..per_epoch are one epoch: every item of a bucket's full batches exactly once (leftovers of a
-    bucket dropped); the next epoch shuffles again, so the run does not repeat one order of batches."""
+    bucket dropped), the buckets' batches mixed rather than one bucket after another; the next epoch shuffles
+    again, so the run does not repeat one order of batches."""
     buckets = [0] * 37 + [1] * 21 + [2] * 3
     plan = StepBatches(buckets, global_batch=4, seed=5)
     assert plan.per_epoch == 9 + 5
@@ -248,6 +249,8 @@ def test_each_epoch_uses_every_full_batch_once_in_a_new_order():
         assert len(set(items.tolist())) == len(items) == 4 * plan.per_epoch
         assert all(len({buckets[i] for i in plan.global_indices(s)}) == 1 for s in steps)
         assert np.bincount(np.asarray(buckets)[items], minlength=3).tolist() == [36, 20, 0]
+        order = [buckets[plan.global_indices(s)[0]] for s in steps]  # the buckets' batches are interleaved
+        assert order != sorted(order) and order != sorted(order, reverse=True)
     first = [plan.global_indices(s).tolist() for s in range(1, plan.per_epoch + 1)]
     second = [plan.global_indices(s).tolist() for s in range(plan.per_epoch + 1, 2 * plan.per_epoch + 1)]
     assert first != second
