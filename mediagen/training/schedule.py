@@ -1,9 +1,9 @@
 """AdamW and the learning-rate schedule: linear warm-up, then constant or cosine decay.
 
-    lr(s) = lr * s / warmup                                       s < warmup
+    lr(s) = lr * (s + 1) / warmup                                 s < warmup
     lr(s) = lr                                                    constant
-    lr(s) = lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)            cosine, p = (s - warmup) / (max - warmup)
-with r = min_lr_ratio.
+    lr(s) = lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)            cosine, p = min(1, (s - warmup) / (max - warmup))
+with r = min_lr_ratio and s the optimizer steps taken before this one (the first step trains at lr / warmup, not 0).
 """
 
 from __future__ import annotations
