@@ -231,7 +231,8 @@ def query_grad_kernel(Q, G, O, SZM, DQ, DSZ, order, offsets, COS, SIN,
         if LOWP and SZM.dtype.element_ty == tl.float32:
             P = tl.dot(g.to(dt), tl.trans(S_lo), P)
         if NORMALIZE:
-            inv = 1.0 / (tl.sum(qf * z[None, :], axis=1) + eps)
+            # 0 on rows past the block's end (no token): with eps=0 their 1/0 would reach dS~ as 0 * inf = NaN
+            inv = tl.where(rmask, 1.0 / (tl.sum(qf * z[None, :], axis=1) + eps), 0.0)
             if TILE == BD:
                 delta = tl.sum(qn * P, axis=1) * inv
             else:  # delta_t = g_t . o_t (as in flash attention's backward)
