@@ -240,14 +240,17 @@ def test_compiled_training_step_matches_eager(backend, autocast, fused_calls):
 
 
 def test_saved_activations_benchmark_reports_less_saved_fused(capsys):
-    """``python -m benchmarks saved_activations --tiny``: one Wan-layout block, both norm forms; fused saves at least
-    one bf16 (B, N, C) activation less, and the printed line says so (in KiB: the tiny block's saving is a few KiB)."""
+    """``python -m benchmarks saved_activations --tiny``: one Wan-layout block, both norm forms; fused saves the norm's
+    bf16 (B, N, C) output less, less the fp32 rstd per row it keeps (a row per token and head with per_head; on a
+    GPU torch's fused norm saves its own rstd apart too, so the saving is that close to one activation), and the
+    printed line says so (in KiB: the tiny block's saving is a few KiB)."""
     from benchmarks import saved_activations
     rows = saved_activations.main(["--tiny"])
     lines = [line for line in capsys.readouterr().out.splitlines() if "saved per block" in line]
     assert len(rows) == len(lines) == 2
     one_activation = 48 * 32 * 2   # 3x4x4 tokens, 2 heads of 16, bf16
+    rstd = 48 * 2 * 4              # fp32, one per token and head
     for row, line in zip(rows, lines):   # "... 3.0 KiB less; at 75600 tokens ...: 335 -> 317 MiB, 18 MiB less"
         less = row["apart"] - row["fused"]
-        assert less >= one_activation, (row, line)
+        assert less >= one_activation - rstd, (row, line)
         assert float(line.split(" KiB less;")[0].split()[-1]) == round(less / 1024, 1), line
