@@ -144,6 +144,126 @@ def test_new_options_cannot_change_layers_not_named():
     assert model.config.mediagen_attention["blocks"] is None           # no MHLA layer left
 
 
+# --- a conversion that fails changes nothing --------------------------------------------------------
+
+def _state(model):
+    """What a failed conversion must leave as it was: class, processors (the objects), weights, config, hooks."""
+    return (type(model), procs(model), {k: v.clone() for k, v in model.state_dict().items()}, dict(model.config),
+            dict(model._forward_pre_hooks), getattr(model, "_mediagen_grids", None))
+
+
+def _assert_unchanged(model, state):
+    cls, processors, weights, config, hooks, grids = state
+    assert type(model) is cls
+    assert all(a is b for a, b in zip(procs(model), processors, strict=True))
+    now = model.state_dict()
+    assert now.keys() == weights.keys() and all(torch.equal(now[k], v) for k, v in weights.items())
+    assert dict(model.config) == config
+    assert dict(model._forward_pre_hooks) == hooks and getattr(model, "_mediagen_grids", None) is grids
+
+
+def _fail_at_processor(monkeypatch, n):
+    """Make building the n-th linear / MHLA processor (counting from 1) raise, as running out of memory would."""
+    from mediagen.models.processors import GridSelfAttnProcessor
+
+    init, built = GridSelfAttnProcessor.__init__, []
+
+    def init_or_fail(self, *args, **kwargs):
+        built.append(1)
+        if len(built) == n:
+            raise RuntimeError("out of memory")
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(GridSelfAttnProcessor, "__init__", init_or_fail)
+
+
+@pytest.mark.parametrize("converted_before", [False, True])
+def test_a_conversion_that_fails_at_a_later_layer_leaves_the_model_as_it_was(converted_before, monkeypatch):
+    """An error while converting layer 1 (after layer 0 got its new processor) gives back the original
+    processors, weights, class and config: no half-converted model."""
+    model, inputs = tiny_dit(), dit_inputs()
+    if converted_before:
+        mediagen.convert(model, "mhla", layers=[0, 2], blocks=(2, 2))
+        _train(procs(model)[0], 0.5)
+    want, state = run(model, inputs), _state(model)
+    _fail_at_processor(monkeypatch, 2)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        mediagen.convert(model, "linear", cpe_kernel=3, reinit=True)
+    monkeypatch.undo()
+    _assert_unchanged(model, state)
+    assert torch.equal(run(model, inputs), want)
+    mediagen.convert(model, "linear", cpe_kernel=3, reinit=True)      # and it converts as if nothing had happened
+    assert [p.kind for p in procs(model)] == ["linear"] * 3
+
+
+@pytest.mark.parametrize("failure", ["check", "build"])
+def test_a_pipeline_whose_second_transformer_fails_keeps_both_as_they_were(failure, monkeypatch):
+    """Its second transformer refused (head dim 8 is below the kernels' minimum) or failing while its layers
+    are built: the first transformer, already converted by then, is given back as it was, and model_index too."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    second = tiny_wan(num_layers=2, seed=1, **(dict(num_attention_heads=4, attention_head_dim=8)
+                                               if failure == "check" else {}))
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+                       transformer=tiny_wan(num_layers=2), transformer_2=second)   # Wan 2.2's two experts
+    states, index = [_state(pipe.transformer), _state(second)], dict(pipe.config)
+    if failure == "build":
+        _fail_at_processor(monkeypatch, 3)                           # the first layer of transformer_2
+    with pytest.raises((ValueError, RuntimeError), match="head dim 8" if failure == "check" else "out of memory"):
+        mediagen.convert(pipe, "mhla", grid=(3, 4, 4))
+    for model, state in zip((pipe.transformer, pipe.transformer_2), states):
+        _assert_unchanged(model, state)
+    assert dict(pipe.config) == index
+
+
+# --- what a converted model saves -------------------------------------------------------------------
+
+def _put_back(family, model):
+    """Give layers their original processor the diffusers way: every attention with set_attn_processor (Wan), one
+    layer with set_processor (DiT's softmax; SANA's own ReLU linear attention, whose cross-attention is softmax)."""
+    from diffusers.models.attention_processor import AttnProcessor2_0, SanaLinearAttnProcessor2_0
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    if family == "wan":
+        model.set_attn_processor(WanAttnProcessor())
+    elif family == "dit":
+        model.transformer_blocks[1].attn1.set_processor(AttnProcessor2_0())
+    else:
+        model.transformer_blocks[0].attn1.set_processor(SanaLinearAttnProcessor2_0())
+
+
+@pytest.mark.parametrize("family", ["wan", "dit", "sana"])
+def test_processors_put_back_with_diffusers_are_what_the_saved_model_loads(family, tmp_path):
+    """After convert and diffusers' set_attn_processor / set_processor, the saved config records the processors
+    the layers run (a converted layer given back softmax loads as softmax, SANA's own attention as SANA's own),
+    so the folder loads as the model ran (recording the conversion would load fresh MHLA layers in their place)."""
+    build, inputs = {"wan": (tiny_wan, wan_inputs), "dit": (tiny_dit, dit_inputs),
+                     "sana": (tiny_sana, sana_inputs)}[family]
+    model = convert_quiet(build(), "mhla", blocks=(1, 2, 2) if family == "wan" else (2, 2))
+    for p in procs(model):
+        _train(p, 0.5)
+    _put_back(family, model)
+    want = run(model, inputs())
+    model.save_pretrained(tmp_path)
+    back = load_transformer(tmp_path).eval()
+    assert [type(p) for p in procs(back)] == [type(p) for p in procs(model)]
+    assert all(torch.all(p.core.mix == 0.5) for p in procs(back) if hasattr(p, "core"))
+    assert torch.equal(run(back, inputs()), want)
+    assert model.config.mediagen_attention["layers"] == ["mhla"] * len(procs(model))   # the model itself unchanged
+
+
+def test_a_linear_or_mhla_processor_in_a_layer_recorded_otherwise_cannot_be_saved(tmp_path):
+    """Its options are not known, so it could not load as it runs; the refusal comes before anything is written."""
+    model = mediagen.convert(tiny_dit(), ["mhla", "sdpa", "linear"], blocks=(2, 2))
+    model.save_pretrained(tmp_path)
+    saved = (tmp_path / "config.json").read_text()
+    model.transformer_blocks[1].attn1.set_processor(procs(model)[0])
+    with pytest.raises(ValueError, match=r"layer 1 runs a 'mhla' processor but config.mediagen_attention records "
+                                         r"'sdpa'"):
+        model.save_pretrained(tmp_path)
+    assert (tmp_path / "config.json").read_text() == saved
+
+
 # --- option checks at conversion ------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -8,6 +8,7 @@ from . import attention_registry as registry
 from .attention_spec import AttentionSpec
 from .families import family_of
 from .latent_grid import install_grid_hook
+from .processors import GridSelfAttnProcessor
 
 
 def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carry: Collection[int] = ()) -> None:
@@ -45,6 +46,30 @@ def apply_attention(model, spec: AttentionSpec, keep: Collection[int] = (), carr
                 raise ValueError(f"layer {i}: cannot carry the weights over to the new processor (missing "
                                  f"{missing}, unexpected {unexpected})")
         attn.set_processor(proc)
+
+
+def layers_in_use(model, layers: list) -> list:
+    """The spec's layer entries (``layers``) as the model's self-attention layers run now, for saving.
+
+    A layer recorded as linear / MHLA whose processor was replaced since (diffusers' ``set_attn_processor`` /
+    ``set_processor``) holds none of that attention's weights; recorded as it was, it would load back as a
+    fresh linear / MHLA layer. It is saved as "sdpa" when it runs the family's stock softmax processor, else
+    as None (it loads with the model's own processor: diffusers saves no processor). A layer running a
+    linear / MHLA processor that its entry does not record cannot be saved so that it loads as it runs
+    (the options its weights were built with are not known): that raises.
+    """
+    fam = family_of(model)
+    out = list(layers)
+    for i, (attn, kind) in enumerate(zip(fam.self_attentions(model), layers)):
+        proc = attn.processor
+        if isinstance(proc, GridSelfAttnProcessor):
+            if proc.kind != kind:
+                raise ValueError(f"layer {i} runs a {proc.kind!r} processor but config.mediagen_attention records "
+                                 f"{kind!r}, so the saved model would not load as it runs: a linear / MHLA processor "
+                                 f"saves only in a layer that mediagen.convert gave it")
+        elif kind in registry.converted_names():
+            out[i] = "sdpa" if isinstance(proc, fam.stock_processor) else None
+    return out
 
 
 def head_dim(attn) -> int:

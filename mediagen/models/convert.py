@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Sequence
 
@@ -21,7 +22,7 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
 
     Every pretrained weight is kept; only Mc (and the optional out-norm, gate and CPE weights) are
     new. The result saves and loads with ``save_pretrained``/``from_pretrained`` and comes back
-    converted.
+    converted. A call that raises leaves the model (or pipeline) as it was.
 
     Args:
         attention: the name of a registered attention ("sdpa", "linear", "mhla"; ``models.attention_registry``),
@@ -66,15 +67,28 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
                         f"attentions' options {list(option_names)}")
     if not isinstance(reinit, bool):
         raise ValueError(f"reinit={reinit!r} is not allowed: use True or False")
+    # All or nothing: every model is checked before any is changed, and an error while changing them
+    # (one layer's processor, one of a pipeline's transformers) puts back what was changed before it, so a
+    # failed call leaves the model or pipeline exactly as it was.
     if hasattr(model, "components") and hasattr(model, "register_modules"):  # a DiffusionPipeline
         names = [n for n in ("transformer", "transformer_2") if getattr(model, n, None) is not None]
         if not names:
             raise ValueError("the pipeline has no .transformer to convert")
-        for name in names:
-            convert(getattr(model, name), attention, layers=layers, grid=grid, reinit=reinit, **options)
-            model.register_modules(**{name: getattr(model, name)})  # record the new class in model_index
+        targets = [getattr(getattr(model, n), "_orig_mod", getattr(model, n)) for n in names]
+        plans = [_plan(t, attention, layers, grid, reinit, dict(options)) for t in targets]
+        with _restored_on_error(targets, pipeline=model):
+            for name, target, plan in zip(names, targets, plans):
+                _apply(target, *plan)
+                model.register_modules(**{name: getattr(model, name)})  # record the new class in model_index
         return model
+    plan = _plan(model, attention, layers, grid, reinit, options)
+    with _restored_on_error([model]):
+        _apply(model, *plan)
+    return model
 
+
+def _plan(model, attention, layers, grid, reinit: bool, options: dict) -> tuple:
+    """Check a conversion of one transformer without changing it: (spec, layers to keep, layers to carry)."""
     fam = family_of(model)
     num_layers = len(fam.self_attentions(model))
     asked = layer_attentions(attention, num_layers, layers)
@@ -115,7 +129,7 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
         warnings.warn("linear / MHLA layers of a Wan model with rope='none' and cpe_kernel=0 see no token "
                       "positions (Wan's only position signal is the RoPE of its self-attention); for "
                       "training or fine-tuning use rope='features' (the official recipe) or cpe_kernel=3",
-                      UserWarning, stacklevel=2)
+                      UserWarning, stacklevel=3)
     if grid is not None:
         if isinstance(grid, (str, bytes)) or not hasattr(grid, "__iter__") or len(tuple(grid)) != fam.ndim \
                 or not all(is_int(g) and g >= 1 for g in grid):
@@ -147,10 +161,41 @@ def convert(model, attention: str | Sequence[str | None] = "mhla", *, layers: Se
                          f"{fam.base.__name__}, or be one int")
     check_head_dims(model, spec)
     keep, carry = _layers_to_keep(old, spec, asked, reinit)
+    converted_class_for(model)  # refuses a class that has no converted counterpart
+    return spec, keep, carry
+
+
+def _apply(model, spec: AttentionSpec, keep: set[int], carry: set[int]) -> None:
     model.__class__ = converted_class_for(model)
     apply_attention(model, spec, keep=keep, carry=carry)
     model.register_to_config(**{CONFIG_KEY: spec.to_dict()})
-    return model
+
+
+@contextlib.contextmanager
+def _restored_on_error(models: list, pipeline=None):
+    """On an error in the block, give ``models`` back their class, config, self-attention processors (the
+    same objects, so their weights too) and forward pre-hooks (the grid hook), and ``pipeline`` its config
+    (model_index), as they were on entry; then re-raise."""
+    saved = [(m, m.__class__, m._internal_dict, [(a, a.processor) for a in family_of(m).self_attentions(m)],
+              m.__dict__.get("_mediagen_grids"), dict(m._forward_pre_hooks), dict(m._forward_pre_hooks_with_kwargs))
+             for m in models]
+    pipeline_config = getattr(pipeline, "_internal_dict", None)
+    try:
+        yield
+    except BaseException:
+        for m, cls, config, procs, grids, hooks, hooks_with_kwargs in saved:
+            m.__class__ = cls
+            m._internal_dict = config
+            for attn, proc in procs:
+                attn.set_processor(proc)
+            if grids is None:
+                m.__dict__.pop("_mediagen_grids", None)
+            for now, before in ((m._forward_pre_hooks, hooks), (m._forward_pre_hooks_with_kwargs, hooks_with_kwargs)):
+                now.clear()
+                now.update(before)
+        if pipeline is not None:
+            pipeline._internal_dict = pipeline_config
+        raise
 
 
 def _has_processor_of(attn, kind: str) -> bool:

@@ -2,8 +2,10 @@
 
 ``mediagen.convert`` switches a model's class to the matching class here (in place, keeping every
 weight) and records the ``AttentionSpec`` in its config. ``save_pretrained`` then writes
-``_class_name: MHLAWanTransformer3DModel`` and the spec; ``from_pretrained`` runs ``__init__``
-with the spec, which rebuilds the processors before the weights (Mc included) are loaded.
+``_class_name: MHLAWanTransformer3DModel`` and the spec, its layers as the model runs them
+(``attention_setup.layers_in_use``: a layer given back softmax with diffusers' ``set_attn_processor``
+saves as softmax); ``from_pretrained`` runs ``__init__`` with the spec, which rebuilds the processors
+before the weights (Mc included) are loaded.
 
 The classes are made by ``converted_class`` from the base class's own ``__init__`` signature plus
 the new field, so they follow diffusers' config handling without restating every argument.
@@ -20,6 +22,7 @@ converted classes drop it again when they load, and a model in memory never has 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 
@@ -27,7 +30,7 @@ from diffusers import DiTTransformer2DModel, SanaTransformer2DModel, WanTransfor
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  diffusers' pipeline loader looks it up here
 
-from .attention_setup import apply_attention
+from .attention_setup import apply_attention, layers_in_use
 from .attention_spec import AttentionSpec
 
 CONFIG_KEY = "mediagen_attention"
@@ -62,9 +65,20 @@ def converted_class(base: type, name: str) -> type:
     __init__.__signature__ = inspect.Signature(params + [extra])
     def to_json_string(self) -> str:
         config = json.loads(base.to_json_string(self))
-        if config.get(CONFIG_KEY) is not None and MARKER_KEY not in config:
-            config[MARKER_KEY] = load_marker(name)
+        if config.get(CONFIG_KEY) is not None:
+            # the saved layers describe the processors the model runs (a layer given back softmax with
+            # set_attn_processor loads as softmax), so the saved folder loads as the model ran
+            config[CONFIG_KEY]["layers"] = layers_in_use(self, config[CONFIG_KEY]["layers"])
+            if MARKER_KEY not in config:
+                config[MARKER_KEY] = load_marker(name)
         return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+    @functools.wraps(base.save_pretrained)
+    def save_pretrained(self, *args, **kwargs):
+        if self.config.get(CONFIG_KEY) is not None:
+            # refused before diffusers writes anything: it opens config.json before asking for its text
+            layers_in_use(self, self.config[CONFIG_KEY]["layers"])
+        return base.save_pretrained(self, *args, **kwargs)
 
     def load_config(cls, *args, **kwargs):
         out = base.load_config.__func__(cls, *args, **kwargs)
@@ -78,6 +92,7 @@ def converted_class(base: type, name: str) -> type:
     namespace = {
         "__init__": register_to_config(__init__),
         "to_json_string": to_json_string,
+        "save_pretrained": save_pretrained,
         "load_config": classmethod(load_config),
         "__module__": __name__,
         "__doc__": f"{base.__name__} whose self-attention layers follow ``config.{CONFIG_KEY}``.",
