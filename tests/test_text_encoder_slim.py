@@ -87,7 +87,7 @@ def test_trainable_names_presets_and_errors():
 def test_slim_round_trip_is_exact(distilled, tokenizer, tmp_path):
     student = distilled[0]
     info = PromptEncoder(tokenizer, student, kind="mediagen").save_pretrained(tmp_path, slim=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", SLIM_WEIGHTS]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "prompt_encoder.json", SLIM_WEIGHTS]
     assert is_slim(tmp_path) and info["bytes"] == sum(p.stat().st_size for p in tmp_path.iterdir())
     stored = load_file(tmp_path / SLIM_WEIGHTS)
     assert all(t.dtype == torch.float16 for t in stored.values())

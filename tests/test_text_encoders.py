@@ -199,6 +199,51 @@ def test_distillation_reduces_the_loss(minilm, tokenizer):
     assert not student.training
 
 
+def test_a_saved_encoder_reloads_with_the_max_length_it_encoded_with(tmp_path, minilm, tokenizer):
+    """A saved encoder pads prompts to the same default length after reloading: MiniLM (a plain transformers
+    folder, which would otherwise load with its 512 positions as the default), a MediagenTextEncoder and a slim
+    folder, each at the length it was loaded with or one set on it (64, the video models' text length)."""
+    distilled = load_text_encoder("minilm-mlra2-distilled")
+    distilled.default_max_length = 64
+    cases = {"minilm": (minilm, False), "minilm-64": (PromptEncoder(minilm.tokenizer, minilm.model, kind="minilm",
+                                                                        default_max_length=64), False),
+             "mediagen": (PromptEncoder(tokenizer, tiny("sdpa"), kind="mediagen", default_max_length=64), False),
+             "slim": (distilled, True)}
+    for name, (encoder, slim) in cases.items():
+        before, mask = encoder.encode(["the digit 3 moves left", ""])
+        assert before.shape[1] == encoder.default_max_length in (64, 77), name
+        encoder.save_pretrained(tmp_path / name, slim=slim)
+        again = load_text_encoder(str(tmp_path / name))
+        after, mask2 = again.encode(["the digit 3 moves left", ""])
+        assert again.default_max_length == encoder.default_max_length, name
+        assert after.shape == before.shape and torch.equal(mask2, mask), name
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
+    # a length the encoder cannot take, written by hand, is named in one line
+    (tmp_path / "minilm" / "prompt_encoder.json").write_text('{"default_max_length": 600}')
+    with pytest.raises(ValueError, match=r"prompt_encoder.json: default_max_length=600 is not allowed: .*<= 512"):
+        load_text_encoder(str(tmp_path / "minilm"))
+
+
+def test_a_saved_pipeline_encodes_prompts_to_the_same_length(tmp_path, minilm):
+    """A pipeline pads prompts to its call's max_sequence_length, whatever its saved tokenizer's limit (512):
+    saved and reloaded with MiniLM as its text encoder, it encodes a prompt to the same states."""
+    from models_fixtures import tiny_wan
+
+    from mediagen.models import IdentityAutoencoder
+    from mediagen.pipelines import TextToVideoPipeline, make_scheduler
+
+    pipe = TextToVideoPipeline(tiny_wan(num_layers=1, text_dim=384), make_scheduler("flow-euler"),
+                               IdentityAutoencoder(latent_channels=1), text_encoder=minilm.model,
+                               tokenizer=minilm.tokenizer)
+    pipe.save_pretrained(tmp_path)
+    again = TextToVideoPipeline.from_pretrained(tmp_path)
+    for length in ({}, {"max_sequence_length": 77}):
+        before, _ = pipe.encode_prompt("the digit 3 moves left", do_classifier_free_guidance=False, **length)
+        after, _ = again.encode_prompt("the digit 3 moves left", do_classifier_free_guidance=False, **length)
+        assert after.shape == before.shape == (1, length.get("max_sequence_length", 64), 384)
+        assert torch.equal(after, before)
+
+
 def test_round_trips_as_a_diffusers_pipeline_component(tmp_path, tokenizer):
     from diffusers import DiffusionPipeline
 

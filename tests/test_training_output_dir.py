@@ -94,3 +94,46 @@ def test_export_never_replaces_a_folder_that_is_not_a_pipeline(tmp_path, capsys)
     for step in ("1", "2"):
         assert cli_main(["train", *args, "--export", step, "--to", str(target)]) == 0
         assert (target / "model_index.json").is_file()
+
+
+def test_export_builds_the_model_the_run_trained(tmp_path, capsys):
+    """`--export` builds the model from the run's config.yaml: a command without the training command's
+    overrides (another model size, train.seed, which seeds the byte text encoder no checkpoint holds, and
+    objective.shift, the scheduler's) writes the pipeline the run wrote, and names the differing keys in one line."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text("{}\n")
+    args = [str(config), f"output_dir={out}", *TINY_WAN, "train.max_steps=1", "checkpoint.every=1"]
+    trained = ["model.overrides.num_layers=1", "train.seed=5", "objective.shift=3.0"]
+    assert cli_main(["train", *args, *trained]) == 0
+
+    def pipeline(folder):
+        tensors = {f"{p.relative_to(folder)}:{k}": v for p in sorted(folder.rglob("*.safetensors"))
+                   for k, v in load_file(str(p)).items()}
+        return tensors, json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+
+    want, want_scheduler = pipeline(out / "pipeline")
+    capsys.readouterr()
+    assert cli_main(["train", *args, "--export", "latest", "--to", str(tmp_path / "exported")]) == 0
+    said = capsys.readouterr().out.splitlines()
+    notice = [line for line in said if line.startswith("--export:")]
+    assert len(notice) == 1 and f"built from the run's {out / 'config.yaml'}" in notice[0]
+    for part in ("model.overrides={'num_layers': 1} (command: {})", "train.seed=5 (command: 0)",
+                 "objective.shift=3.0 (command: 1.0)"):
+        assert part in notice[0], notice[0]
+    got, got_scheduler = pipeline(tmp_path / "exported")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert got_scheduler == want_scheduler
+    # the same command as the training one exports without a notice
+    assert cli_main(["train", *args, *trained, "--export", "latest", "--to", str(tmp_path / "exported")]) == 0
+    assert "--export:" not in capsys.readouterr().out
+    # a run without config.yaml is exported from the command's config, which says so
+    (out / "config.yaml").unlink()
+    assert cli_main(["train", *args, *trained, "--export", "latest", "--to", str(tmp_path / "exported")]) == 0
+    assert "config.yaml is missing, so the model is built from this command's config" in capsys.readouterr().out
+    assert pipeline(tmp_path / "exported")[0].keys() == want.keys()

@@ -114,10 +114,57 @@ def save_final_pipeline(run, folder: Path) -> Path:
     return folder
 
 
+# The settings that decide the pipeline an export writes: the transformer and its conversion (task, model,
+# finetune), the text encoder and autoencoder (model), the scheduler (objective), and train.seed, which seeds a
+# new byte text encoder, whose weights no checkpoint holds.
+EXPORT_KEYS = ("task", "model", "finetune", "objective", "train.seed")
+
+
+def _export_settings(cfg) -> dict:
+    """EXPORT_KEYS as {dotted key: value}, a section's entries one by one (model.pretrained, ...)."""
+    from omegaconf import OmegaConf
+
+    settings = {}
+    for key in EXPORT_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if OmegaConf.is_dict(value):
+            settings.update({f"{key}.{k}": v for k, v in OmegaConf.to_container(value, resolve=True).items()})
+        else:
+            settings[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return settings
+
+
+def run_config(cfg):
+    """The config the run in ``cfg.output_dir`` trained with: its config.yaml, with this command's output_dir
+    (the folder may have moved). An export builds the model from it, not from ``cfg``: a command that forgot
+    an override of the training command would otherwise build another model, which either fails to load
+    the checkpoint or, with another train.seed or objective, writes a wrong pipeline without a word. Says
+    in one line which of the EXPORT_KEYS ``cfg`` sets otherwise; a run without config.yaml exports ``cfg``."""
+    from omegaconf import OmegaConf
+
+    from .config import load_config
+
+    file = Path(cfg.output_dir) / "config.yaml"
+    if not file.is_file():
+        print(f"--export: {file} is missing, so the model is built from this command's config")
+        return cfg
+    # an export resumes nothing, and the checkpoint a resumed run named may have been deleted since (keep_last)
+    saved = load_config(file, ["checkpoint.resume=null"])
+    saved.output_dir = cfg.output_dir
+    if OmegaConf.is_config(cfg):
+        ran, here = _export_settings(saved), _export_settings(cfg)
+        differ = [k for k in ran if ran[k] != here.get(k)]
+        if differ:
+            print(f"--export: the model is built from the run's {file}, not this command's config, which differs "
+                  f"in " + ", ".join(f"{k}={ran[k]!r} (command: {here.get(k)!r})" for k in differ))
+    return saved
+
+
 def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = None) -> Path:
     """Write the pipeline of one saved training checkpoint (its EMA weights when it has them) to
     ``folder`` (default ``output_dir/pipeline-step-<N>``): a run stopped by a time limit, or any
-    earlier step of a finished one, becomes a folder ``mediagen generate`` / ``mediagen fid`` load."""
+    earlier step of a finished one, becomes a folder ``mediagen generate`` / ``mediagen fid`` load.
+    The model is built from the run's config.yaml (``run_config``)."""
     from . import checkpoint as ckpt
     from .components import build_components
     from .objectives import Objective
@@ -133,6 +180,7 @@ def export_checkpoint(cfg, which: str = "latest", folder: str | Path | None = No
         raise ValueError(f"checkpoint {which!r} is not in {cfg.output_dir}: use 'latest' or one of {sorted(found)}")
     folder = Path(folder) if folder is not None else Path(cfg.output_dir) / f"pipeline-step-{step}"
     check_export_folder(folder, cfg.output_dir)
+    cfg = run_config(cfg)
     comp = build_components(cfg)
     model = comp.transformer
     from omegaconf import OmegaConf

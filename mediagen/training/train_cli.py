@@ -24,7 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. optim.lr=3e-4 train.max_steps=100")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--export", metavar="STEP", help="do not train: write the pipeline of checkpoint STEP (or "
-                   "'latest') of output_dir, with its EMA weights, to --to")
+                   "'latest') of output_dir, with its EMA weights, to --to; the model is built from the run's "
+                   "output_dir/config.yaml, what it trained")
     p.add_argument("--to", help="folder for --export (default: output_dir/pipeline-step-<STEP>)")
     p.set_defaults(func=run)
 

@@ -13,7 +13,8 @@
                                   ~/.cache/mediagen)/text-encoder-init, keyed by content (``from_minilm``)
   a directory                     a saved ``PromptEncoder`` (``save_pretrained``): MediagenTextEncoder
                                   or any transformers encoder, with its tokenizer; or a slim checkpoint
-                                  (``save_pretrained(dir, slim=True)``: only what differs from MiniLM)
+                                  (``save_pretrained(dir, slim=True)``: only what differs from MiniLM);
+                                  its prompt_encoder.json restores the saved default_max_length
   a hub id                        e.g. "google/umt5-xxl" (Wan) or a decoder LM (SANA-style); needs the
                                   files in the local cache or a network
 """
@@ -31,7 +32,7 @@ from .encoder import ATTENTIONS, MediagenTextEncoder
 from .from_minilm import default_cache_dir, encoder_from_minilm
 from .minilm import MINILM_MAX_LENGTH, dtype_kwarg, load_minilm, load_minilm_tokenizer, minilm_path
 from .output import TextEncoderOutput
-from .prompt_encoder import PromptEncoder
+from .prompt_encoder import OPTIONS_FILE, PromptEncoder
 from .prompts import make_prompts
 from .slim import SLIM_KEY, is_slim, load_slim, save_slim
 
@@ -65,6 +66,23 @@ def _apply_skipping(name: str, model: MediagenTextEncoder, config: dict) -> None
     _check_options(name, config, SKIPPING_OPTIONS if model.config.attention == "hla" else ())
     if config:
         model.set_hla_skipping(*(config.get(k, getattr(model.config, k)) for k in SKIPPING_OPTIONS))
+
+
+def _saved_options(encoder: PromptEncoder, folder: Path) -> PromptEncoder:
+    """The encoding settings ``PromptEncoder.save_pretrained`` kept in ``folder`` (prompt_encoder.json), so the
+    reloaded encoder encodes as the saved one did; a folder without the file keeps the loader's defaults."""
+    file = folder / OPTIONS_FILE
+    if not file.is_file():
+        return encoder
+    options = json.loads(file.read_text())
+    for key in sorted(set(options) - {"default_max_length"}):
+        raise ValueError(f"{file}: option {key}={options[key]!r} is not allowed: it takes default_max_length")
+    length, low, high = options.get("default_max_length"), encoder.min_max_length, encoder.max_length_limit
+    if isinstance(length, bool) or not isinstance(length, int) or length < low or (high is not None and length > high):
+        raise ValueError(f"{file}: default_max_length={length!r} is not allowed: give an int >= {low}"
+                         + (f" and <= {high}" if high is not None else ""))
+    encoder.default_max_length = length
+    return encoder
 
 
 def _load_hub(name: str, torch_dtype, device):
@@ -117,16 +135,18 @@ def load_text_encoder(name: str = "minilm", *, torch_dtype=torch.float32, device
         if meta.get("_class_name") == MediagenTextEncoder.__name__ and SLIM_KEY in meta:
             model = load_slim(path, torch_dtype)
             _apply_skipping(label, model, config)
-            return PromptEncoder(load_minilm_tokenizer(), model.to(device), kind="mediagen",
-                                 default_max_length=77)
+            return _saved_options(PromptEncoder(load_minilm_tokenizer(), model.to(device), kind="mediagen",
+                                                default_max_length=77), path)
         if meta.get("_class_name") == MediagenTextEncoder.__name__:
             from transformers import AutoTokenizer
             model = MediagenTextEncoder.from_pretrained(path, torch_dtype=torch_dtype)
             _apply_skipping(label, model, config)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            return PromptEncoder(tokenizer, model.eval().to(device), kind="mediagen", default_max_length=77)
+            return _saved_options(PromptEncoder(tokenizer, model.eval().to(device), kind="mediagen",
+                                                default_max_length=77), path)
     _check_options(name, config, ())
-    return _load_hub(name, torch_dtype, device)
+    encoder = _load_hub(name, torch_dtype, device)
+    return _saved_options(encoder, path) if path.is_dir() else encoder
 
 
 __all__ = ["load_text_encoder", "PromptEncoder", "MediagenTextEncoder", "TextEncoderOutput", "ATTENTIONS",

@@ -13,11 +13,16 @@ Padding is on the right; outputs at padded positions are zero.
 
 from __future__ import annotations
 
+import json
 import operator
 import warnings
 from pathlib import Path
 
 import torch
+
+# The encoding settings a saved folder keeps beside the model: without them a reloaded encoder would pad
+# prompts to its loader's default length (512 for a plain transformers folder) and encode differently.
+OPTIONS_FILE = "prompt_encoder.json"
 
 
 class PromptEncoder:
@@ -113,10 +118,18 @@ class PromptEncoder:
     def save_pretrained(self, directory: str | Path, slim: bool = False, dtype: torch.dtype = torch.float16):
         """Model (safetensors) and tokenizer side by side, loadable by ``load_text_encoder(directory)``.
         ``slim=True`` (a MediagenTextEncoder initialised from MiniLM): only the tensors that differ from
-        the installed MiniLM, in ``dtype``, and no tokenizer (``slim.py``); returns ``save_slim``'s summary."""
+        the installed MiniLM, in ``dtype``, and no tokenizer (``slim.py``); returns ``save_slim``'s summary.
+        Either way ``prompt_encoder.json`` keeps ``default_max_length``, which ``load_text_encoder`` restores."""
+        directory = Path(directory)
+        info = None
         if slim:
             from .slim import save_slim
-            return save_slim(self.model, directory, dtype)
-        self.model.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
-        return None
+            info = save_slim(self.model, directory, dtype)
+        else:
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
+        (directory / OPTIONS_FILE).write_text(json.dumps({"default_max_length": self.default_max_length}) + "\n")
+        if info is not None:
+            from .slim import folder_bytes
+            info["bytes"] = folder_bytes(directory)
+        return info

@@ -8,6 +8,7 @@ fp16. Distilled with ``DistillConfig(train_only="attention")``, the embeddings a
     config.json           the encoder's config (``_class_name`` MediagenTextEncoder) plus ``_slim_base``:
                           which MiniLM tensors to take, their shapes and a sha256 of their values
     slim.safetensors      every other tensor, fp16 (or bf16 / fp32)
+    prompt_encoder.json   the encoding settings (``PromptEncoder.save_pretrained`` writes it; optional)
 
 Which tensors come from the base is decided at save time by value: a candidate (``minilm_frozen_tensors``)
 that equals MiniLM's tensor is left out, one that was changed is stored. The fingerprint hashes the
