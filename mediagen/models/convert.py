@@ -190,6 +190,8 @@ def _restored_on_error(models: list, pipeline=None):
                 attn.set_processor(proc)
             if grids is None:
                 m.__dict__.pop("_mediagen_grids", None)
+            else:
+                m.__dict__["_mediagen_grids"] = grids
             for now, before in ((m._forward_pre_hooks, hooks), (m._forward_pre_hooks_with_kwargs, hooks_with_kwargs)):
                 now.clear()
                 now.update(before)
