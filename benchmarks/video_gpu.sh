@@ -243,10 +243,15 @@ PY
       python3 - "$out/vbench-$tag.json" "$a $size ${WORDING:-template} steps ${STEPS:-8} guidance ${GUIDANCE:-4}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["semantic_rates"]
-print(f"{sys.argv[2]}: {r['clips']} clips, digit {r['digit']:.3f} direction {r['direction']:.3f} both {r['both']:.3f}")
+line = f"{sys.argv[2]}: {r['clips']} clips, digit {r['digit']:.3f} direction {r['direction']:.3f} both {r['both']:.3f}"
+if "per_digit" in r:  # two-digit prompts: each asked digit's own verdict
+    line += " per digit " + " ".join(f"{k} {v:.3f}" for k, v in r["per_digit"].items() if isinstance(v, float))
+print(line)
 PY
     done
-  done | tee "$out/scores.txt"
+  done | tee -a "$out/scores.txt"
+  # one archive of the scores, so that a call's limit on the number of files brought back keeps them
+  tar -czf "$out/vbench.tar.gz" -C "$out" $(cd "$out" && ls vbench-*.json vbench-*.md 2>/dev/null)
   ;;
 calibrate)
   out=$2; mkdir -p "$out"

@@ -244,3 +244,21 @@ def test_integer_colour_frames_keep_the_0_255_range():
     assert np.array_equal(as_grey_clip(rgb), as_grey_clip(grey))
     with pytest.raises(ValueError, match=r"video values 0\.\.300 are not allowed for integer frames"):
         as_grey_clip(np.repeat(np.linspace(0, 300, 4 * 16 * 16).astype(np.int32).reshape(4, 16, 16)[..., None], 3, -1))
+
+
+def test_rates_of_two_digit_clips_count_each_asked_digit():
+    """semantic_rates: with a two-digit prompt among the clips, per_digit holds the share of asked digits shown
+    and of asked ways taken, each digit on its own (a clip with one of its two digits right counts half);
+    one-digit clips alone get no per_digit."""
+    from mediagen.eval.moving_mnist import semantic_rates
+
+    def verdict(shown, moved):
+        per = [{"digit": i, "direction": "left", "shown": s, "moved": m} for i, (s, m) in enumerate(zip(shown, moved))]
+        return {"digit_ok": all(shown), "direction_ok": all(moved), "both_ok": all(shown) and all(moved),
+                "per_digit": per, "digit_hits": sum(shown) / len(shown), "direction_hits": sum(moved) / len(moved)}
+
+    two = [verdict([True, False], [True, True]), verdict([True, True], [False, False]), verdict([True], [True])]
+    rates = semantic_rates(two)
+    assert rates["digit"] == pytest.approx(2 / 3) and rates["both"] == pytest.approx(1 / 3)
+    assert rates["per_digit"] == {"digit": pytest.approx((0.5 + 1 + 1) / 3), "direction": pytest.approx((1 + 0 + 1) / 3)}
+    assert "per_digit" not in semantic_rates([verdict([True], [False]), verdict([False], [True])])

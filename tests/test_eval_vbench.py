@@ -133,6 +133,30 @@ def test_each_digit_its_own_direction():
     assert half["motion_direction"] == 0.5
 
 
+def test_vbench_rates_count_each_of_two_digits():
+    """evaluate_videos on a two-digit clip: semantic_rates' per_digit counts each asked digit on its own (one
+    of two ways right: direction 0.5 per digit, 0 per clip), and each clip keeps its per-digit verdicts."""
+    from mediagen.eval.frame_features import get_frame_extractor
+    from mediagen.eval.vbench import evaluate_videos
+
+    a, b = _digit(7), _digit(0)
+    frames = []
+    for t in range(8):
+        frame = np.zeros((64, 96), np.uint8)
+        frame[4:32, 60 - 3 * t:88 - 3 * t] = a   # the 7 moves left along the top
+        frame[20 + 2 * t:48 + 2 * t, 4:32] = b   # the 0 moves down on the left
+        frames.append(np.repeat(frame[..., None], 3, -1))
+    video = np.stack(frames)
+    fx = get_frame_extractor("pixels")
+    rep = evaluate_videos([video], ["the digit 7 moves left while the digit 0 moves up"], fx, fx, progress=False)
+    rates = rep["semantic_rates"]
+    assert rates["digit"] == 1.0 and rates["direction"] == 0.0 and rates["both"] == 0.0
+    assert rates["per_digit"] == {"digit": 1.0, "direction": 0.5}
+    assert [(d["digit"], d["moved"]) for d in rep["per_video"][0]["per_digit"]] == [(7, True), (0, False)]
+    from mediagen.eval.vbench_score import report_tables
+    assert "| these videos, each asked digit | 1 | 1.000 | 0.500 | — |" in report_tables(rep)
+
+
 def test_prompt_parsing():
     p = parse_prompt("Two digits, 4 and seven, moving upwards")
     assert p.digits == [4, 7] and p.direction == "up" and p.count == 2

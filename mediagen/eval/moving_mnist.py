@@ -452,13 +452,19 @@ def score_clip(video, prompt, device="cpu") -> dict:
 
 def semantic_rates(verdicts: list[dict]) -> dict:
     """Rates of a list of ``score_clips`` verdicts: digit, direction (over clips whose prompt asks one),
-    both, and the number of clips."""
+    both, and the number of clips; where some prompt names two digits, also ``per_digit``: the share of asked
+    digits shown and of asked ways taken, each digit counted on its own."""
     n = len(verdicts)
     judged = [v["direction_ok"] for v in verdicts if v["direction_ok"] is not None]
-    return {"clips": n,
-            "digit": float(np.mean([v["digit_ok"] for v in verdicts])) if n else None,
-            "direction": float(np.mean(judged)) if judged else None,
-            "both": float(np.mean([v["both_ok"] for v in verdicts])) if n else None}
+    rates = {"clips": n,
+             "digit": float(np.mean([v["digit_ok"] for v in verdicts])) if n else None,
+             "direction": float(np.mean(judged)) if judged else None,
+             "both": float(np.mean([v["both_ok"] for v in verdicts])) if n else None}
+    if any(len(v.get("per_digit", ())) > 1 for v in verdicts):  # stills' verdicts have no per_digit
+        hits = [v["direction_hits"] for v in verdicts if v["direction_hits"] is not None]
+        rates["per_digit"] = {"digit": float(np.mean([v["digit_hits"] for v in verdicts])),
+                              "direction": float(np.mean(hits)) if hits else None}
+    return rates
 
 
 def digit_count(video) -> int:
@@ -642,12 +648,7 @@ def leaving_clips(videos: np.ndarray, directions: list[str]) -> np.ndarray:
 
 def _rates(videos, captions, device) -> dict:
     verdicts = score_clips(videos, captions, device)
-    rates = semantic_rates(verdicts)
-    if any(len(v["per_digit"]) > 1 for v in verdicts):
-        rates["per_digit"] = {"digit": float(np.mean([v["digit_hits"] for v in verdicts])),
-                              "direction": float(np.mean([v["direction_hits"] for v in verdicts
-                                                          if v["direction_hits"] is not None]))}
-    return rates
+    return semantic_rates(verdicts)
 
 
 def calibration_rows(n_per_cell: int = 3, seed: int = 0, device="cpu", two_digits: bool = True,

@@ -13,7 +13,9 @@ from .vbench_score import aggregate
 
 QUALITY_MEASURED = ("subject_consistency", "background_consistency", "temporal_flickering",
                     "motion_smoothness", "dynamic_degree")
-VERDICT_KEYS = ("digit_ok", "direction_ok", "both_ok", "read", "moved")
+# per_digit / digit_hits / direction_hits: each asked digit's own verdict, so that a two-digit prompt's rates
+# count the digits one by one too (semantic_rates' per_digit)
+VERDICT_KEYS = ("digit_ok", "direction_ok", "both_ok", "read", "moved", "per_digit", "digit_hits", "direction_hits")
 
 
 def score_video(video, prompt: str | None, subject_fx, background_fx, fps=None, device="cpu") -> dict:
@@ -36,7 +38,7 @@ def score_video(video, prompt: str | None, subject_fx, background_fx, fps=None, 
     if parsed is not None:
         verdict = score_clip(video, parsed, device)
         out.update(semantic_dimensions(video, parsed, verdict))
-        out.update({key: verdict[key] for key in VERDICT_KEYS})
+        out.update({key: verdict[key] for key in VERDICT_KEYS if key in verdict})
     return out
 
 

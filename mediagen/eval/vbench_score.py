@@ -96,7 +96,11 @@ def report_tables(report: dict) -> str:
         parts.append(markdown_table(report))
     rows = []
     if report.get("semantic_rates"):
-        rows.append({"row": "these videos", **report["semantic_rates"]})
+        rates = report["semantic_rates"]
+        rows.append({"row": "these videos", **rates})
+        if rates.get("per_digit"):  # two-digit prompts: each asked digit on its own (no "both" per digit)
+            rows.append({"row": "these videos, each asked digit", "clips": rates["clips"], "both": None,
+                         **rates["per_digit"]})
     rows += [{**r, "row": f"calibration{_size(r)}: {r['row']}"} for r in report.get("calibration", [])]
     if rows:
         parts.append(semantic_table(rows))
