@@ -115,16 +115,21 @@ def test_two_digits_count_and_identity():
         "digit_identity": 1.0, "motion_direction": 1.0, "digit_count": 1.0}
 
 
-def test_each_digit_its_own_direction():
-    """Training captions give each digit its own direction: 7 moves left while 0 moves down."""
+def _seven_left_zero_down():
+    """8 frames of 64x96: a 7 moving left along the top while a 0 moves down on the left."""
     a, b = _digit(7), _digit(0)
     frames = []
     for t in range(8):
         frame = np.zeros((64, 96), np.uint8)
-        frame[4:32, 60 - 3 * t:88 - 3 * t] = a   # the 7 moves left along the top
-        frame[20 + 2 * t:48 + 2 * t, 4:32] = b   # the 0 moves down on the left
+        frame[4:32, 60 - 3 * t:88 - 3 * t] = a
+        frame[20 + 2 * t:48 + 2 * t, 4:32] = b
         frames.append(np.repeat(frame[..., None], 3, -1))
-    video = np.stack(frames)
+    return np.stack(frames)
+
+
+def test_each_digit_its_own_direction():
+    """Training captions give each digit its own direction: 7 moves left while 0 moves down."""
+    video = _seven_left_zero_down()
     good = semantic_scores(video, parse_prompt("the digit 7 moves left while the digit 0 moves down"))
     assert good == {"digit_identity": 1.0, "motion_direction": 1.0, "digit_count": 1.0}
     swapped = semantic_scores(video, parse_prompt("the digit 7 moves down while the digit 0 moves left"))
@@ -139,14 +144,7 @@ def test_vbench_rates_count_each_of_two_digits():
     from mediagen.eval.frame_features import get_frame_extractor
     from mediagen.eval.vbench import evaluate_videos
 
-    a, b = _digit(7), _digit(0)
-    frames = []
-    for t in range(8):
-        frame = np.zeros((64, 96), np.uint8)
-        frame[4:32, 60 - 3 * t:88 - 3 * t] = a   # the 7 moves left along the top
-        frame[20 + 2 * t:48 + 2 * t, 4:32] = b   # the 0 moves down on the left
-        frames.append(np.repeat(frame[..., None], 3, -1))
-    video = np.stack(frames)
+    video = _seven_left_zero_down()
     fx = get_frame_extractor("pixels")
     rep = evaluate_videos([video], ["the digit 7 moves left while the digit 0 moves up"], fx, fx, progress=False)
     rates = rep["semantic_rates"]
