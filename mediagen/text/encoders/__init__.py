@@ -75,8 +75,10 @@ def _saved_options(encoder: PromptEncoder, folder: Path) -> PromptEncoder:
     if not file.is_file():
         return encoder
     options = json.loads(file.read_text())
-    for key in sorted(set(options) - {"default_max_length"}):
-        raise ValueError(f"{file}: option {key}={options[key]!r} is not allowed: it takes default_max_length")
+    unknown = sorted(set(options) - {"default_max_length"})
+    if unknown:
+        raise ValueError(f"{file}: option {unknown[0]}={options[unknown[0]]!r} is not allowed: it takes "
+                         "default_max_length")
     length, low, high = options.get("default_max_length"), encoder.min_max_length, encoder.max_length_limit
     if isinstance(length, bool) or not isinstance(length, int) or length < low or (high is not None and length > high):
         raise ValueError(f"{file}: default_max_length={length!r} is not allowed: give an int >= {low}"
