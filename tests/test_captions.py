@@ -171,3 +171,30 @@ def test_the_config_key_turns_varied_wordings_on():
     assert sum(varied[i]["caption"] != plain[i]["caption"] for i in range(16)) >= 12
     with pytest.raises(ConfigError, match=r"data\.varied_captions=2\.0 is not allowed"):
         load_config(None, [*base, "data.varied_captions=2"])
+
+
+def test_a_digit_whose_name_starts_with_a_vowel_sound_takes_an():
+    """"a 8" and "a eight" are not English, and captions are meant to read like a person's prompt: before
+    8 or "eight" the article is "an", before every other digit it stays "a"."""
+    captions = [c.lower() for *_, c in draws(3000, seed=9)]
+    assert not [c for c in captions if re.search(r"\ba (8|eight)\b", c)][:3]
+    others = "|".join([str(d) for d in range(10) if d != 8] + [w for w in NUMBERS if w != "eight"])
+    assert not [c for c in captions if re.search(rf"\ban ({others})\b", c)][:3]
+    assert any(re.search(r"\ban 8\b", c) for c in captions) and any(re.search(r"\ban eight\b", c) for c in captions)
+    assert any(re.search(r"\ba [0-79]\b", c) for c in captions)
+
+
+def test_the_held_out_corpus_draws_every_held_out_wording():
+    """The held-out corpus scores how far a model generalises to wordings it never saw, so every held-out
+    wording of each kind (one digit, two digits, still) must turn up in it, not only some of them."""
+    seen = {kind: set() for kind in HELD_OUT}
+    for caption in caption_corpus(1500, seed=5, held_out=True):
+        digits, directions = read_back(caption)
+        if directions == [None] * len(digits):
+            kind, directions = STILL, [STILL] * len(digits)
+        else:
+            kind = "one" if len(digits) == 1 else "two"
+        forms = [t for t in range(len(HELD_OUT[kind])) if held_out_caption(digits, directions, t) == caption]
+        assert forms, caption
+        seen[kind].update(forms)
+    assert seen == {kind: set(range(len(forms))) for kind, forms in HELD_OUT.items()}, seen

@@ -138,10 +138,50 @@ BASE = ["output_dir=x", "model.preset=dit-tiny"]
     ("logging.guidance_scale=-2", r"logging\.guidance_scale=-2\.0 is not allowed: use a number >= 0"),
     ("data.split=validation", r"data\.split='validation' is not allowed: use one of \['train', 'held_out', 'all'\]"),
     ("logging.sample_classes=[-1]", r"logging\.sample_classes=\[-1\] is not allowed: use class indices >= 0"),
+    # a negative floor drives the cosine schedule's learning rate below zero
+    ("optim.min_lr_ratio=-0.5", r"optim\.min_lr_ratio=-0\.5 is not allowed: use a number in \[0, 1\]"),
+    # an infinite decay turns every weight into -inf on the first step
+    ("optim.weight_decay=inf", r"optim\.weight_decay=inf is not allowed: use a number >= 0"),
+    # a run of no steps trains nothing
+    ("train.max_steps=0", r"train\.max_steps=0 is not allowed: use an int >= 1"),
+    # a spread of 0 trains at one noise level; a shift of 0 maps every noise level to clean data
+    ("objective.logit_std=0", r"objective\.logit_std=0\.0 is not allowed: use a number > 0"),
+    ("objective.shift=0", r"objective\.shift=0\.0 is not allowed: use a number > 0"),
+    ("objective.size_weighting=2.5", r"objective\.size_weighting=2\.5 is not allowed: use a number in \[0, 2\]"),
+    ("finetune.lora_rank=0", r"finetune\.lora_rank=0 is not allowed: use an int >= 1"),
+    # AdamW reads the first two betas and ignores the rest, so a third would be dropped without a word
+    ("optim.betas=[0.9,0.99,0.9]", r"optim\.betas=\[0\.9, 0\.99, 0\.9\] is not allowed: use two numbers"),
+    # the shift by token count takes the log of max_shift
+    ("objective.max_shift=0", r"objective\.max_shift=0\.0 is not allowed: use a number > 0"),
 ])
 def test_values_out_of_range_fail_at_load_naming_key_value_and_source(override, message):
     with pytest.raises(ConfigError, match=r"^command-line override: " + message):
         load_config(None, [*BASE, override])
+
+
+@pytest.mark.parametrize("lens", ["[256,256]", "[0,256]", "[512,256]"])
+def test_shift_token_counts_must_rise_from_above_zero(lens):
+    """With objective.max_shift the log of the shift is a line between shift_seq_len[0] and [1] tokens:
+    equal counts divide by zero and a count of 0 tokens names no clip, so both are refused at load
+    naming the key."""
+    with pytest.raises(ConfigError, match=r"^command-line override: objective\.shift_seq_len=\[\d+, \d+\] is not "
+                                          r"allowed: use two token counts \[low, high\] with 0 < low < high"):
+        load_config(None, [*BASE, "objective.max_shift=6", f"objective.shift_seq_len={lens}"])
+    assert list(load_config(None, [*BASE, "objective.max_shift=6", "objective.shift_seq_len=[255,256]"])
+                .objective.shift_seq_len) == [255, 256]
+
+
+# values at the closed ends of the allowed ranges, several of which the config documents as a setting of
+# its own (0: keep every checkpoint, no warm-up, no samples, no clipping, ...): they must load as given
+@pytest.mark.parametrize("override", [
+    "checkpoint.keep_last=0", "optim.warmup_steps=0", "optim.min_lr_ratio=0", "optim.min_lr_ratio=1",
+    "optim.ema_decay=0", "optim.max_grad_norm=0", "objective.class_dropout=1", "objective.size_weighting=2",
+    "train.seed=4294967295", "train.micro_batch_size=0", "logging.sample_every=0", "data.num_workers=0",
+    "train.max_steps=1", "finetune.lora_rank=1",
+])
+def test_values_at_the_ends_of_the_allowed_ranges_load(override):
+    key, value = override.split("=")
+    assert OmegaConf.select(load_config(None, [*BASE, override]), key) == float(value)
 
 
 def test_a_run_failing_on_its_config_leaves_the_runs_config_yaml_alone(tmp_path, capsys):

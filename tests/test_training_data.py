@@ -104,6 +104,96 @@ def test_moving_mnist_two_digit_fraction_mixes_two_digit_clips_into_one_digit_da
         MovingMNISTDataset(resolution=64, num_frames=8, two_digit_fraction=1.5)
 
 
+
+def drawn_box(start, step, name, frames):
+    """The top-left corner of a digit's box on every frame, as the renderer places it: the plan's start
+    plus the step along its direction, rounded half up."""
+    from mediagen.training.data.moving_mnist import MOTIONS
+
+    dy, dx = MOTIONS[name]
+    t = np.arange(frames) * step
+    return np.floor(start[0] + dy * t + 0.5), np.floor(start[1] + dx * t + 0.5)
+
+
+@pytest.mark.parametrize("frames, side", [(16, 64), (8, 32), (32, 128)])
+def test_moving_mnist_every_digit_box_stays_inside_the_canvas_on_every_frame(frames, side):
+    """A digit's path is a straight line that must fit the canvas from its first frame to its last: a box
+    pushed past an edge cuts off the part of the digit lying there, and the clip no longer shows the whole
+    digit its caption names. Checked on every digit of many clips (one and two digits, moving and still),
+    every direction, at the positions the renderer draws."""
+    from mediagen.training.data.moving_mnist import STILL, digit_side
+
+    ds = MovingMNISTDataset(resolution=side, num_frames=frames, length=10 ** 6, seed=6, static_fraction=0.2,
+                            two_digit_fraction=0.5)
+    d, seen = digit_side(side), set()
+    for i in range(300):
+        _, names, ys, xs = ds.plan(i)
+        for name, y0, x0 in zip(names, ys, xs):
+            rows, cols = drawn_box((y0, x0), ds.step, name, frames)
+            assert rows.min() >= 0 and rows.max() + d <= side, (i, name, rows)
+            assert cols.min() >= 0 and cols.max() + d <= side, (i, name, cols)
+            seen.add(name)
+    assert seen == {"left", "right", "up", "down", STILL}
+
+
+def test_moving_mnist_digits_moving_the_same_way_start_apart():
+    """Two digits moving the same way keep their offset all clip long, so boxes that overlap on the
+    first frame overlap on every frame and the two digits read as one blob; on a canvas with room for
+    two boxes apart, such digits (still ones too) start with boxes that do not overlap."""
+    from mediagen.training.data.moving_mnist import digit_side
+
+    ds = MovingMNISTDataset(resolution=64, num_frames=8, num_digits=2, length=10 ** 6, seed=7, static_fraction=0.2)
+    d, same = digit_side(64), 0
+    for i in range(400):
+        _, names, ys, xs = ds.plan(i)
+        if names[0] == names[1]:
+            same += 1
+            rows0, cols0 = drawn_box((ys[0], xs[0]), ds.step, names[0], 1)
+            rows1, cols1 = drawn_box((ys[1], xs[1]), ds.step, names[1], 1)
+            assert abs(rows0[0] - rows1[0]) >= d or abs(cols0[0] - cols1[0]) >= d, (i, names, ys, xs)
+    assert same >= 100, same              # still pairs (1 clip in 5) and same-way moving pairs (1 in 5)
+
+
+def test_moving_mnist_two_digit_clips_are_as_common_among_still_clips_as_among_moving_ones():
+    """Whether a clip shows two digits and whether it stands still are separate choices: each kind of clip
+    has about two_digit_fraction two-digit clips, so a model sees one- and two-digit stills as well as
+    one- and two-digit motion."""
+    from mediagen.training.data.moving_mnist import STILL
+
+    ds = MovingMNISTDataset(resolution=64, num_frames=8, length=10 ** 6, seed=4, static_fraction=0.3,
+                            two_digit_fraction=0.5)
+    plans = [ds.plan(i) for i in range(600)]
+    still = [len(ks) == 2 for ks, names, _, _ in plans if names[0] == STILL]
+    moving = [len(ks) == 2 for ks, names, _, _ in plans if names[0] != STILL]
+    assert len(still) >= 120 and len(moving) >= 300
+    assert 0.35 <= np.mean(still) <= 0.65 and 0.35 <= np.mean(moving) <= 0.65, (np.mean(still), np.mean(moving))
+
+
+def test_moving_mnist_one_size_entry_goes_with_every_entry_of_the_other_list():
+    """data.num_frames with several resolution_buckets (or one resolution with several frame_buckets):
+    every canvas gets clips of that many frames; none of the listed sizes is dropped."""
+    by_side = MovingMNISTDataset(num_frames=8, resolution_buckets=[[32, 32], [64, 64]], length=8, seed=1)
+    assert sorted(side for _, side in by_side.sizes) == [32, 64] and {f for f, _ in by_side.sizes} == {8}
+    shapes = {tuple(by_side[i]["pixels"].shape) for i in range(4)}
+    assert shapes == {(1, 8, 32, 32), (1, 8, 64, 64)}
+    by_frames = MovingMNISTDataset(frame_buckets=[4, 8], resolution=32, length=8, seed=1)
+    assert sorted(f for f, _ in by_frames.sizes) == [4, 8] and {s for _, s in by_frames.sizes} == {32}
+    assert {tuple(by_frames[i]["pixels"].shape) for i in range(4)} == {(1, 4, 32, 32), (1, 8, 32, 32)}
+
+
+def test_moving_mnist_refuses_sizes_that_cannot_hold_a_clip():
+    """A frame bucket of no frames gives empty clips, and a canvas under 10 px leaves a digit of a few
+    pixels that no longer reads as a digit: both are refused naming the key, whichever list gives them
+    (the config only checks that data.num_frames and data.resolution are at least 1, and not the bucket
+    entries)."""
+    with pytest.raises(ValueError, match=r"data\.num_frames \(or a data\.frame_buckets entry\) = 0 is not allowed"):
+        MovingMNISTDataset(frame_buckets=[8, 0], resolution=32, length=4)
+    with pytest.raises(ValueError, match=r"data\.resolution \(or a data\.resolution_buckets side\) = 9 is too small"):
+        MovingMNISTDataset(num_frames=2, resolution_buckets=[[32, 32], [9, 9]], length=4)
+    with pytest.raises(ValueError, match=r"= 9 is too small"):
+        MovingMNISTDataset(num_frames=2, resolution=9, length=4)
+    assert MovingMNISTDataset(num_frames=4, resolution=10, length=4)[0]["pixels"].shape == (1, 4, 10, 10)
+
 def test_image_folder_jsonl_csv_and_buckets(tmp_path):
     rng = np.random.default_rng(0)
     for name, (h, w) in {"a.png": (40, 80), "b.png": (80, 40), "c.jpg": (50, 50)}.items():
