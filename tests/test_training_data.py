@@ -104,7 +104,6 @@ def test_moving_mnist_two_digit_fraction_mixes_two_digit_clips_into_one_digit_da
         MovingMNISTDataset(resolution=64, num_frames=8, two_digit_fraction=1.5)
 
 
-
 def drawn_box(start, step, name, frames):
     """The top-left corner of a digit's box on every frame, as the renderer places it: the plan's start
     plus the step along its direction, rounded half up."""
@@ -193,6 +192,7 @@ def test_moving_mnist_refuses_sizes_that_cannot_hold_a_clip():
     with pytest.raises(ValueError, match=r"= 9 is too small"):
         MovingMNISTDataset(num_frames=2, resolution=9, length=4)
     assert MovingMNISTDataset(num_frames=4, resolution=10, length=4)[0]["pixels"].shape == (1, 4, 10, 10)
+
 
 def test_image_folder_jsonl_csv_and_buckets(tmp_path):
     rng = np.random.default_rng(0)
