@@ -10,6 +10,10 @@ the difference there overstates a GPU's, where it is the norm's output alone.
     python -m benchmarks saved_activations                     # 4 x 64 x 64 latent (4,096 tokens), bf16 autocast
     python -m benchmarks saved_activations --latent 21x90x160 --peak    # 720p on a GPU: saved bytes and step peaks
     python -m benchmarks saved_activations --tiny              # CPU smoke run
+    python -m benchmarks saved_activations --latent 21x90x160 --peak --sdpa   # and the softmax block beside it
+
+With --sdpa the same block with its softmax attention (as diffusers builds it) is measured too: what MHLA keeps beyond
+softmax for backward, and the checkpointed step's peak of each.
 
 (from the repository root)
 """
@@ -73,6 +77,7 @@ def main(argv=None):
     parser.add_argument("--scale-tokens", type=int, default=75_600)
     parser.add_argument("--peak", action="store_true", help="(CUDA) also the peak memory of a checkpointed step")
     parser.add_argument("--tiny", action="store_true", help="a 2-head 32-wide block on a 3x8x8 latent (CPU smoke)")
+    parser.add_argument("--sdpa", action="store_true", help="also the block with softmax attention (not converted)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.peak and device.type != "cuda":
@@ -91,17 +96,27 @@ def main(argv=None):
     g = torch.Generator().manual_seed(0)
     rows = []
     norms = {"per_head": ["per_head"], "all": [True], "both": ["per_head", True]}[args.out_norm]
-    for out_norm in norms:
+    inputs = None
+
+    def built(out_norm):
+        """The one-block model (MHLA with ``out_norm``; None: softmax) and the inputs, the same for every model."""
+        nonlocal inputs
         torch.manual_seed(0)
         model = build_transformer("wan2.1-1.3b", **overrides)
-        mediagen.convert(model, "mhla", rope="features", out_norm=out_norm, grid=grid, blocks=blocks)
+        if out_norm is not None:
+            mediagen.convert(model, "mhla", rope="features", out_norm=out_norm, grid=grid, blocks=blocks)
         cast_rms_norms(model)  # as the training components do
         model.to(device).train()
         cfg = model.config
-        inputs = dict(hidden_states=torch.randn(1, cfg.in_channels, frames, height, width, generator=g).to(device),
-                      timestep=torch.tensor([500.0], device=device),
-                      encoder_hidden_states=torch.randn(1, 8 if args.tiny else args.text_tokens, cfg.text_dim,
-                                                        generator=g).to(device))
+        if inputs is None:
+            inputs = dict(hidden_states=torch.randn(1, cfg.in_channels, frames, height, width, generator=g).to(device),
+                          timestep=torch.tensor([500.0], device=device),
+                          encoder_hidden_states=torch.randn(1, 8 if args.tiny else args.text_tokens, cfg.text_dim,
+                                                            generator=g).to(device))
+        return model, cfg
+
+    for out_norm in norms:
+        model, cfg = built(out_norm)
         attn = model.blocks[0].attn1
         result = {}
         for fused in (False, True):
@@ -116,6 +131,15 @@ def main(argv=None):
                 step_peak(model, inputs, autocast)  # warm-up (kernels compiled, allocator settled)
                 row["peak fused" if fused else "peak apart"] = step_peak(model, inputs, autocast)
         rows.append(row)
+        del model
+    softmax = None
+    if args.sdpa:
+        model, cfg = built(None)
+        softmax = dict(out_norm="softmax", tokens=tokens, saved=saved_bytes(model, model.blocks[0], inputs, autocast))
+        if args.peak:
+            model.enable_gradient_checkpointing()
+            step_peak(model, inputs, autocast)
+            softmax["peak"] = step_peak(model, inputs, autocast)
         del model
 
     scale = args.scale_tokens / tokens
@@ -132,6 +156,11 @@ def main(argv=None):
         if args.peak:
             print(f"{'':>9}  step peak {row['peak apart'] / mib:.0f} MiB apart, {row['peak fused'] / mib:.0f} MiB "
                   f"fused ({(row['peak apart'] - row['peak fused']) / mib:.0f} MiB less)")
+    if softmax is not None:
+        print(f"  softmax: saved per block {softmax['saved'] / mib:.1f} MiB; at {args.scale_tokens} tokens "
+              f"{softmax['saved'] * scale / mib:.0f} MiB" + (f"; step peak {softmax['peak'] / mib:.0f} MiB"
+                                                            if args.peak else ""))
+        rows.append(softmax)
     return rows
 
 

@@ -254,3 +254,18 @@ def test_saved_activations_benchmark_reports_less_saved_fused(capsys):
         less = row["apart"] - row["fused"]
         assert less >= one_activation - rstd, (row, line)
         assert float(line.split(" KiB less;")[0].split()[-1]) == round(less / 1024, 1), line
+
+
+def test_saved_activations_benchmark_measures_the_softmax_block_beside(capsys):
+    """``--sdpa`` adds the same block with its softmax attention on the same inputs: a third row and line. The two
+    blocks share everything but the attention core (norms, projections, feed-forward, modulation), so each keeps
+    most of what the other keeps; a measure that missed the block's forward (no bytes) or counted the weights
+    (megabytes more) would fall outside that."""
+    from benchmarks import saved_activations
+    rows = saved_activations.main(["--tiny", "--sdpa"])
+    out = capsys.readouterr().out
+    assert [row["out_norm"] for row in rows] == ["per_head", "all heads", "softmax"][: len(rows)] and len(rows) == 3
+    softmax, mhla = rows[2]["saved"], rows[0]["apart"]
+    assert 0.5 * mhla < softmax < 2 * mhla, (softmax, mhla)
+    line = next(line for line in out.splitlines() if line.strip().startswith("softmax:"))
+    assert f"{softmax / 2 ** 20:.1f} MiB" in line, line
