@@ -27,7 +27,7 @@ import torch
 
 import mediagen
 from mediagen.models.norms import cast_rms_norms
-from mediagen.models.presets import build_transformer
+from mediagen.models.presets import build_transformer, preset
 
 
 def saved_bytes(model, module, inputs, autocast: bool) -> int:
@@ -96,27 +96,23 @@ def main(argv=None):
     g = torch.Generator().manual_seed(0)
     rows = []
     norms = {"per_head": ["per_head"], "all": [True], "both": ["per_head", True]}[args.out_norm]
-    inputs = None
+    cfg = dict(preset("wan2.1-1.3b")["config"], **overrides)
+    inputs = dict(hidden_states=torch.randn(1, cfg["in_channels"], frames, height, width, generator=g).to(device),
+                  timestep=torch.tensor([500.0], device=device),
+                  encoder_hidden_states=torch.randn(1, 8 if args.tiny else args.text_tokens, cfg["text_dim"],
+                                                    generator=g).to(device))
 
     def built(out_norm):
-        """The one-block model (MHLA with ``out_norm``; None: softmax) and the inputs, the same for every model."""
-        nonlocal inputs
+        """The one-block model: MHLA with ``out_norm``, or softmax (None)."""
         torch.manual_seed(0)
         model = build_transformer("wan2.1-1.3b", **overrides)
         if out_norm is not None:
             mediagen.convert(model, "mhla", rope="features", out_norm=out_norm, grid=grid, blocks=blocks)
         cast_rms_norms(model)  # as the training components do
-        model.to(device).train()
-        cfg = model.config
-        if inputs is None:
-            inputs = dict(hidden_states=torch.randn(1, cfg.in_channels, frames, height, width, generator=g).to(device),
-                          timestep=torch.tensor([500.0], device=device),
-                          encoder_hidden_states=torch.randn(1, 8 if args.tiny else args.text_tokens, cfg.text_dim,
-                                                            generator=g).to(device))
-        return model, cfg
+        return model.to(device).train()
 
     for out_norm in norms:
-        model, cfg = built(out_norm)
+        model = built(out_norm)
         attn = model.blocks[0].attn1
         result = {}
         for fused in (False, True):
@@ -134,7 +130,7 @@ def main(argv=None):
         del model
     softmax = None
     if args.sdpa:
-        model, cfg = built(None)
+        model = built(None)
         softmax = dict(out_norm="softmax", tokens=tokens, saved=saved_bytes(model, model.blocks[0], inputs, autocast))
         if args.peak:
             model.enable_gradient_checkpointing()
@@ -144,7 +140,7 @@ def main(argv=None):
 
     scale = args.scale_tokens / tokens
     mib = 2 ** 20
-    channels = cfg.num_attention_heads * cfg.attention_head_dim
+    channels = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device: {where}; dtype {args.dtype}; latent {frames}x{height}x{width} = {tokens} tokens; width {channels}")
     for row in rows:
