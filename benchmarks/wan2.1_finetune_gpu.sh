@@ -107,19 +107,20 @@ profile_480p|profile_720p)
   done
   ;;
 resume)  # a kill -9 loses at most the steps since the last checkpoint; the resumed run's losses are the run's own
-  steps=${STEPS:-90}; every=$((steps / 2))
+  # time boxes follow STEPS: ~1.1 s a step at 480p on an H100, up to 2 s beside other work, and two 17 GB saves
+  steps=${STEPS:-90}; every=$((steps / 2)); box=$((steps * 2 + 240))
   RES=("${SYN[@]}" "${R480[@]}" train.max_steps=$steps checkpoint.every=$every checkpoint.keep_last=1
        checkpoint.resume=latest overwrite_output_dir=false logging.every=1)
-  run resume_ref 600 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$WORK/ref "${RES[@]}"
+  run resume_ref $box python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$WORK/ref "${RES[@]}"
   keep_metrics $WORK/ref resume-ref
   killed=$WORK/killed; rm -rf "$killed"; mkdir -p "$killed"
   setsid python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$killed "${RES[@]}" > "$out/resume_killed.txt" 2>&1 &
   pid=$!; t=0
-  until ls "$killed"/checkpoints/*"$every"* > /dev/null 2>&1 || [ $t -ge 300 ]; do sleep 2; t=$((t + 2)); done
+  until ls "$killed"/checkpoints/*"$every"* > /dev/null 2>&1 || [ $t -ge $((box / 2 + 60)) ]; do sleep 2; t=$((t + 2)); done
   sleep 5; kill -9 -- -$pid 2>/dev/null; wait $pid 2>/dev/null
   echo "=== killed after $(python3 -c "import json,sys; print(max(json.loads(l)['step'] for l in open(sys.argv[1])))" \
     "$killed/metrics.jsonl") steps; checkpoints: $(ls "$killed/checkpoints" | tr '\n' ' ')"
-  run resume_again 600 python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$killed "${RES[@]}"
+  run resume_again $box python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$killed "${RES[@]}"
   keep_metrics $killed resume-killed
   run resume_compare 30 python3 benchmarks/compare_loss_curves.py $out/metrics-resume-ref.jsonl \
     $out/metrics-resume-killed.jsonl
