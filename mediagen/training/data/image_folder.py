@@ -51,6 +51,10 @@ class ImageFolderDataset(Dataset):
     def bucket_ids(self) -> list[int]:
         return [self.buckets.index(s) for s in self.sizes]
 
+    def num_buckets(self) -> int:
+        """One bucket per data.resolution_buckets entry (in that order), holding images or not."""
+        return len(self.buckets)
+
     def __getitem__(self, i: int) -> dict:
         mode = "L" if self.channels == 1 else "RGB"
         with Image.open(self.files[i]) as im:

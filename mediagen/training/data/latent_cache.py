@@ -96,6 +96,10 @@ class LatentCacheDataset(Dataset):
     def bucket_ids(self) -> list[int]:
         return [self.keys.index(s) for s in self.shapes]
 
+    def num_buckets(self) -> int:
+        """One bucket per latent shape present, in sorted order."""
+        return len(self.keys)
+
     def __getitem__(self, i: int) -> dict:
         z = load_file(str(self.files[i]))["latents"]
         if tuple(z.shape) != self.shapes[i]:

@@ -156,6 +156,10 @@ class MovingMNISTDataset(Dataset):
         """The size of every clip: the trainer's sampler puts only clips of one size in a batch."""
         return (np.arange(self.length) % len(self.sizes)).tolist()
 
+    def num_buckets(self) -> int:
+        """One bucket per size: size j is bucket j."""
+        return len(self.sizes)
+
     def plan(self, i: int):
         """What clip ``i`` shows, drawn from its own generator: (images (nd,) into ``digit_images``,
         directions (nd,), start rows (nd,), start columns (nd,)), with the speed of its size's ``steps``."""

@@ -101,6 +101,10 @@ class VideoFolderDataset(Dataset):
     def bucket_ids(self) -> list[int]:
         return [self.keys.index(s) for s in self.shapes]
 
+    def num_buckets(self) -> int:
+        """One bucket per clip size (frames, height, width) present, in sorted order."""
+        return len(self.keys)
+
     def _read(self, i: int) -> dict:
         f, h, w = self.shapes[i]
         # a file decord opened is read as the automatic choice would (PyAV where decord cannot decode it);
