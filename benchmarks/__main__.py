@@ -43,6 +43,7 @@ TOOLS = {
     "dense_grad_cases": "the dense backward's half-precision gradients against fp64, launch variant by variant",
     "compare_loss_curves": "compare the per-step losses of two training runs' metrics.jsonl",
     "export_minilm": "a half-precision copy of all-MiniLM-L6-v2 for a machine without its wheel",
+    "text_binding": "how far a text encoder's token states tie each digit of a two-digit caption to its own way",
 }
 
 
