@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 # Public names, imported on first use so that ``import mediagen`` stays light (no torch/diffusers).
 _EXPORTS = {
     "convert": "mediagen.models.convert",
+    "add_text_refiner": "mediagen.models.text_refiner",
     "MHLAWanTransformer3DModel": "mediagen.models.converted",
     "MHLADiTTransformer2DModel": "mediagen.models.converted",
     "MHLASanaTransformer2DModel": "mediagen.models.converted",

@@ -10,6 +10,8 @@ import types
 _EXPORTS = {
     "convert": ".convert",
     "attention_spec_of": ".convert",
+    "add_text_refiner": ".text_refiner",
+    "TextRefiner": ".text_refiner",
     "AttentionSpec": ".attention_spec",
     "auto_blocks": ".attention_spec",
     "ATTENTION_CHOICES": ".attention_spec",

@@ -1,4 +1,6 @@
-"""Converted model classes: a diffusers transformer plus one config field, ``mediagen_attention``.
+"""Converted model classes: a diffusers transformer plus the config fields ``mediagen_attention`` and, for
+Wan, ``mediagen_text_refiner`` (``models.text_refiner``: a self-attention over the text states; None: none;
+a model without one saves no such key, and DiT / SANA refuse one).
 
 ``mediagen.convert`` switches a model's class to the matching class here (in place, keeping every
 weight) and records the ``AttentionSpec`` in its config. ``save_pretrained`` then writes
@@ -34,15 +36,17 @@ from .attention_setup import apply_attention, layers_in_use
 from .attention_spec import AttentionSpec
 
 CONFIG_KEY = "mediagen_attention"
+REFINER_KEY = "mediagen_text_refiner"  # mediagen.models.text_refiner: a Wan model's text refiner, or None
 MARKER_KEY = "quantization_config"
 MARKER_PREFIX = "mediagen-converted-model"
 
 
-def load_marker(class_name: str) -> dict:
+def load_marker(class_name: str, refiner: bool = False) -> dict:
     """The ``quantization_config`` written into a saved converted model's config.json (not a
     quantization: plain diffusers' error message quotes ``quant_method``, so it says what to do)."""
     return {"quant_method": f"{MARKER_PREFIX} (this folder holds a mediagen {class_name} with MHLA / linear "
-                            f"attention layers that plain diffusers would drop: load it with "
+                            f"attention layers{' or a text refiner' if refiner else ''} that plain diffusers would "
+                            f"drop: load it with "
                             f"mediagen.models.load_transformer(path) or mediagen.{class_name}.from_pretrained(path))"}
 
 
@@ -53,24 +57,34 @@ def is_load_marker(value) -> bool:
 def converted_class(base: type, name: str) -> type:
     base_init = base.__init__
 
-    def __init__(self, mediagen_attention: dict | None = None, **kwargs):
+    def __init__(self, mediagen_attention: dict | None = None, mediagen_text_refiner: dict | None = None, **kwargs):
+        if mediagen_text_refiner is not None and base is not WanTransformer3DModel:
+            raise ValueError(f"{REFINER_KEY}={mediagen_text_refiner!r} is not allowed for a {name}: only Wan "
+                             f"models (MHLAWanTransformer3DModel) take a text refiner")
         base_init(self, **kwargs)
         if mediagen_attention is not None:
             apply_attention(self, AttentionSpec.from_dict(dict(mediagen_attention)))
+        if mediagen_text_refiner is not None:
+            from .text_refiner import attach_text_refiner, refiner_options
+
+            attach_text_refiner(self, refiner_options(self.config.text_dim, **dict(mediagen_text_refiner)))
 
     # The signature diffusers reads to build/extract the config: the base's arguments + ours.
     params = list(inspect.signature(base_init).parameters.values())
-    extra = inspect.Parameter(CONFIG_KEY, inspect.Parameter.KEYWORD_ONLY, default=None)
+    extra = [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for key in (CONFIG_KEY, REFINER_KEY)]
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i else p for i, p in enumerate(params)]
-    __init__.__signature__ = inspect.Signature(params + [extra])
+    __init__.__signature__ = inspect.Signature(params + extra)
     def to_json_string(self) -> str:
         config = json.loads(base.to_json_string(self))
         if config.get(CONFIG_KEY) is not None:
             # the saved layers describe the processors the model runs (a layer given back softmax with
             # set_attn_processor loads as softmax), so the saved folder loads as the model ran
             config[CONFIG_KEY]["layers"] = layers_in_use(self, config[CONFIG_KEY]["layers"])
-            if MARKER_KEY not in config:
-                config[MARKER_KEY] = load_marker(name)
+        if config.get(REFINER_KEY) is None:
+            config.pop(REFINER_KEY, None)  # a model without a refiner saves the config it saved before
+        if (config.get(CONFIG_KEY) is not None or config.get(REFINER_KEY) is not None) and MARKER_KEY not in config:
+            config[MARKER_KEY] = load_marker(name, refiner=config.get(REFINER_KEY) is not None)
         return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
     @functools.wraps(base.save_pretrained)
@@ -95,7 +109,9 @@ def converted_class(base: type, name: str) -> type:
         "save_pretrained": save_pretrained,
         "load_config": classmethod(load_config),
         "__module__": __name__,
-        "__doc__": f"{base.__name__} whose self-attention layers follow ``config.{CONFIG_KEY}``.",
+        "__doc__": f"{base.__name__} whose self-attention layers follow ``config.{CONFIG_KEY}``"
+                   + (f" and whose text states pass a ``TextRefiner`` when ``config.{REFINER_KEY}`` is set."
+                      if base is WanTransformer3DModel else "."),
     }
     return type(name, (base,), namespace)
 

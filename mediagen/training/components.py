@@ -14,6 +14,11 @@
   ``mediagen.text.encoders.load_text_encoder``. A model conditioned on other states than its encoder's
   reads them as noise: fine-tuning the shipped video-mhla (configs/train/wan-mmnist-mhla.yaml, batch 8)
   starts at loss 0.117 on a new byte encoder against 0.016 on its MiniLM;
+- text refiner (``model.text_refiner_layers`` > 0, Wan models): a model without one gets a fresh
+  ``TextRefiner`` (``models.text_refiner``: the identity at first, so training starts from the model's own
+  outputs) that trains with the rest (``full`` / ``none`` / ``convert``); a model with one keeps it, and its
+  block count must match. ``lora`` refuses to add one: the new module would have to train in full beside the
+  adapters, which the LoRA export (adapters only) does not save; add it with ``finetune.mode=full``;
 - autoencoder (frozen): pixel space (``IdentityAutoencoder``) unless ``model.vae`` names a folder
   (``pipeline`` = the pretrained pipeline's ``vae/``).
 """
@@ -33,6 +38,7 @@ from ..models.identity_autoencoder import IdentityAutoencoder
 from ..models.loading import load_transformer
 from ..models.norms import cast_rms_norms
 from ..models.presets import build_transformer, preset
+from ..models.text_refiner import add_text_refiner, text_refiner_of
 from ..pipelines.shipping import TEXT_ENCODER_REF, checkpoints_dir, shipped_checkpoint
 from .lora import add_lora
 
@@ -226,6 +232,29 @@ def _check_overrides(spec: dict, overrides: dict) -> None:
                               key=f"model.overrides.{key}")
 
 
+def _text_refiner(transformer, layers: int, mode: str) -> None:
+    """model.text_refiner_layers: add a fresh refiner of ``layers`` blocks where the model has none; a model
+    that has one keeps it (its block count must be ``layers``, or 0: keep whatever it has)."""
+    from .config import ConfigError
+
+    key = "model.text_refiner_layers"
+    refiner = text_refiner_of(transformer)
+    if refiner is not None:
+        if layers and layers != len(refiner.blocks):
+            raise ConfigError(f"{key}={layers} is not allowed: the model already has a text refiner of "
+                              f"{len(refiner.blocks)} blocks; use {key}={len(refiner.blocks)} (or 0: keep it)", key=key)
+        return
+    if not layers:
+        return
+    if not hasattr(transformer.config, "text_dim"):
+        raise ConfigError(f"{key}={layers} is not allowed: a text refiner is for text-conditioned Wan models, "
+                          f"not a {type(transformer).__name__}", key=key)
+    if mode == "lora":
+        raise ConfigError(f"{key}={layers} is not allowed with finetune.mode=lora: the new refiner trains in full "
+                          f"and the LoRA export saves adapters only; add it with finetune.mode=full", key=key)
+    add_text_refiner(transformer, layers=layers)
+
+
 def build_components(cfg) -> Components:
     m, ft = cfg.model, cfg.finetune
     pretrained = None
@@ -246,6 +275,7 @@ def build_components(cfg) -> Components:
     if m.attention is not None:
         attention = m.attention if isinstance(m.attention, str) else list(m.attention)
         convert(transformer, attention, blocks=m.blocks, layers=m.layers, grid=m.grid, **_plain(m.attention_options))
+    _text_refiner(transformer, m.text_refiner_layers, ft.mode)
     if ft.mode == "lora":
         add_lora(transformer, ft.lora_rank, ft.lora_alpha, ft.lora_targets)
     if ft.train_only:

@@ -63,6 +63,9 @@ class ModelConfig:
     text_max_length: int = 32
     vae: Optional[str] = None               # None: pixel space (IdentityAutoencoder); else an autoencoder folder
     gradient_checkpointing: bool = False
+    text_refiner_layers: int = 0            # >0: a Wan model gets a TextRefiner of this many blocks over its
+                                            # text states (models/text_refiner.py; identity at first), trained
+                                            # with the rest; a pretrained model's own refiner must have as many
 
 
 @dataclass
@@ -265,6 +268,7 @@ _RANGES = {
     "data.varied_captions": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.num_workers": (lambda v: v >= 0, "an int >= 0 (0: load in the training process)"),
     "model.text_max_length": (lambda v: v >= 1, "an int >= 1"),
+    "model.text_refiner_layers": (lambda v: v >= 0, "an int >= 0 (0: no text refiner)"),
     "finetune.lora_rank": (lambda v: v >= 1, "an int >= 1"),
     "finetune.lora_alpha": (lambda v: _finite(v) and v > 0, "a number > 0"),
     "finetune.distill_weight": (lambda v: _finite(v) and v >= 0, "a number >= 0 (0: no distillation)"),
