@@ -34,8 +34,8 @@ def test_passes_the_options_to_the_script(capsys, monkeypatch):
 
 
 def _word_encoder(bind: bool):
-    """A stand-in encoder: each word's state is its own one-hot row, plus (``bind``) the row of the word two
-    places on, as a digit would take in its way."""
+    """A stand-in encoder: each word's state is its own one-hot row and its position's, plus (``bind``) the state of
+    the word two places on, as a digit would take in its way."""
     vocab = {}
 
     def encode(caption: str):
@@ -43,6 +43,7 @@ def _word_encoder(bind: bool):
         rows = [torch.zeros(64) for _ in words]
         for i, w in enumerate(words):
             rows[i][vocab.setdefault(w, len(vocab))] = 1.0
+            rows[i][32 + i] = 1.0
         if bind:
             rows = [r + 0.5 * rows[i + 2] if i + 2 < len(rows) else r for i, r in enumerate(rows)]
         return words, torch.stack(rows)
@@ -60,8 +61,8 @@ def test_text_binding_tells_bound_states_from_a_bag_of_words():
     bag = binding_cosines(_word_encoder(False), pairs)
     bound = binding_cosines(_word_encoder(True), pairs)
     assert bag["digit token, ways swapped"] == pytest.approx(1.0)
-    assert bound["digit token, ways swapped"] == pytest.approx(0.8)       # 1 / (1 + 0.25): the way's row differs
-    assert bag["digit token, digit changed"] == pytest.approx(0.0)
+    assert bound["digit token, ways swapped"] == pytest.approx(0.9)       # 2.25 / 2.5: the way's row differs
+    assert bag["digit token, digit changed"] == pytest.approx(0.5)        # the position's row alone is shared
     assert bound["digit token, digit changed"] < bound["digit token, ways swapped"]
 
 
@@ -73,3 +74,14 @@ def test_text_binding_on_minilm_runs_offline(capsys):
     result = text_binding.main(["--pairs", "2"])
     assert "digit token, ways swapped" in capsys.readouterr().out
     assert result["digit token, digit changed"] < 0.8 < result["digit token, ways swapped"]
+
+
+def test_text_binding_probe_needs_the_refiner_for_a_bag_of_words():
+    """``text_binding --probe``: with states that ignore the way, a readout of the digit token cannot tell its way
+    (about chance, 0.25); a trained refiner can fetch the way from two words on."""
+    from benchmarks.text_binding import refiner_probe
+
+    probe = refiner_probe(_word_encoder(False), steps=300)
+    plain, refined = probe.values()
+    assert plain < 0.45
+    assert refined > 0.9
