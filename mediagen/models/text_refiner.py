@@ -3,7 +3,7 @@
 Frozen sentence encoders such as MiniLM give a word nearly the same state whatever else the prompt
 says: in "the digit 3 moves left while the digit 8 moves down" the state of "3" barely depends on
 its direction (cosine 0.998 between "3 moves left" and "3 moves down", ``benchmarks/text_binding.py``) and the direction's barely on
-its digit. Which digit goes with which way is then carried by token position alone, which the video
+its digit. Which digit goes with which way is then carried mostly by token position, which the video
 model's cross-attention cannot pair. ``TextRefiner`` (pre-norm transformer blocks, as HunyuanVideo's
 token refiner) lets each text token take in its neighbours first, so a digit's state can carry its
 own direction.
