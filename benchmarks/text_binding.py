@@ -34,9 +34,14 @@ import torch
 from mediagen.training.data.moving_mnist import DIRECTIONS, clip_caption
 
 
+def every_pair() -> list[tuple[tuple[int, int], tuple[str, str]]]:
+    """Every (digits, directions) with two different digits and two different ways (1,080)."""
+    return [(d, m) for d in itertools.permutations(range(10), 2) for m in itertools.permutations(DIRECTIONS, 2)]
+
+
 def caption_pairs(n: int, seed: int = 0) -> list[tuple[tuple[int, int], tuple[str, str]]]:
-    """``n`` (digits, directions) draws with two different digits and two different ways."""
-    every = [(d, m) for d in itertools.permutations(range(10), 2) for m in itertools.permutations(DIRECTIONS, 2)]
+    """``n`` of ``every_pair()``, drawn without repeats."""
+    every = every_pair()
     pick = np.random.default_rng(seed).choice(len(every), size=min(n, len(every)), replace=False)
     return [every[i] for i in sorted(pick)]
 
@@ -76,7 +81,7 @@ def refiner_probe(encode, steps: int = 300, held_out: int = 180, seed: int = 0) 
     from mediagen.models.text_refiner import TextRefiner
 
     ways = list(DIRECTIONS)
-    every = [(d, m) for d in itertools.permutations(range(10), 2) for m in itertools.permutations(ways, 2)]
+    every = every_pair()
     order = np.random.default_rng(seed).permutation(len(every))
     states, where, label = [], [], []
     for i in order:
