@@ -34,9 +34,9 @@ from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  diffusers'
 
 from .attention_setup import apply_attention, layers_in_use
 from .attention_spec import AttentionSpec
+from .text_refiner import CONFIG_KEY as REFINER_KEY  # a Wan model's text refiner, or None
 
 CONFIG_KEY = "mediagen_attention"
-REFINER_KEY = "mediagen_text_refiner"  # mediagen.models.text_refiner: a Wan model's text refiner, or None
 MARKER_KEY = "quantization_config"
 MARKER_PREFIX = "mediagen-converted-model"
 

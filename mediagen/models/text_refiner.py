@@ -32,20 +32,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_registry import is_int
+
 CONFIG_KEY = "mediagen_text_refiner"
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def refiner_options(dim: int, layers=1, heads=None, mlp_ratio=2.0) -> dict:
     """The checked options {"layers", "heads", "mlp_ratio"}; a bad value raises a one-line ValueError."""
-    if not _is_int(layers) or layers < 1:
+    if not is_int(layers) or layers < 1:
         raise ValueError(f"layers={layers!r} is not allowed: use an int >= 1")
     if heads is None:
         heads = max(1, dim // 64)
-    if not _is_int(heads) or heads < 1 or dim % heads:
+    if not is_int(heads) or heads < 1 or dim % heads:
         raise ValueError(f"heads={heads!r} is not allowed: use an int >= 1 that divides the text width {dim}")
     if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or not mlp_ratio > 0 \
             or mlp_ratio == float("inf"):
