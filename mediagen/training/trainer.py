@@ -52,6 +52,7 @@ from .components import Components, build_components
 from .conditioning import Conditioner
 from .config import ConfigError, save_config
 from .data import build_dataset, collate
+from .data.latent_cache import cache_tag
 from .data.sampler import MicroBatchSampler, StepBatches, check_micro_split
 from .data.video_folder import VideoReadError
 from .ema import EMA
@@ -113,8 +114,6 @@ class Run:
     objective: Objective
     conditioner: Conditioner
     ema: EMA | None = None
-    micro: int = 1                # train.batch_size's micro-batch; a step's own: MicroBatchSampler.micro(step)
-    accumulation: int = 1
     losses: dict = field(default_factory=dict)
     cpu_bf16: bool = False        # a CPU run in bf16 autocast (cpu_precision); on a GPU accelerate autocasts
 
@@ -480,10 +479,10 @@ def train(cfg, on_step_end=None) -> dict:
         prepared, optimizer = acc.prepare(model, optimizer)
     unwrapped = acc.unwrap_model(prepared)
     ema = EMA(unwrapped, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
-    tag = f"{comp.text_encoder_name}-{cfg.model.vae or 'pixels'}-{cfg.train.seed}-{cfg.model.text_max_length}"
-    conditioner = Conditioner(comp, cfg.model.text_max_length, cfg.data.cache_dir, tag.replace("/", "_"))
+    conditioner = Conditioner(comp, cfg.model.text_max_length, cfg.data.cache_dir,
+                              cache_tag(cfg, comp.text_encoder_name))
     run = Run(cfg, acc, comp, prepared, unwrapped, optimizer, scheduler, Objective(cfg.objective), conditioner, ema,
-              micro, accumulation, cpu_bf16=device.type == "cpu" and cpu_precision(cfg.train.mixed_precision) == "bf16")
+              cpu_bf16=device.type == "cpu" and cpu_precision(cfg.train.mixed_precision) == "bf16")
     if resume_from is not None:
         restore(run, resume_from)
     if cfg.data.cache_dir and comp.text_encoder is not None and hasattr(dataset, "all_captions"):
