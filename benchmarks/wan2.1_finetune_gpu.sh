@@ -48,8 +48,8 @@ from mediagen.training import load_config
 from mediagen.training.trainer import train
 result = train(load_config(sys.argv[1], sys.argv[2:]))
 steps = sorted(result["losses"])
-print(f"peak_gib {torch.cuda.max_memory_allocated() / 2**30:.1f} reserved_gib "
-      f"{torch.cuda.max_memory_reserved() / 2**30:.1f} steps {steps[0]}-{steps[-1]} "
+print(f"peak_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} reserved_gib "
+      f"{torch.cuda.max_memory_reserved() / 2**30:.2f} steps {steps[0]}-{steps[-1]} "
       f"loss {result['losses'][steps[-1]]:.4f}")
 EOF
 CFG=configs/train/wan2.1-1.3b
