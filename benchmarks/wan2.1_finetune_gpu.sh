@@ -13,7 +13,7 @@
 #               "sdpa mhla hybrid" (all three unless set)
 #   profile_480p, profile_720p   where a step's time goes per variant (benchmarks/train_step_profile.py: attention,
 #               matmuls, norms, optimizer, other, host wait), steps 3-5 profiled; COMPILE and VARIANTS as above
-#   resume      the all-MHLA config at 480p for STEPS (90) steps, a checkpoint every STEPS/2: once uninterrupted, once
+#   resume      the all-MHLA config at 480p for STEPS (200) steps, a checkpoint every STEPS/2: once uninterrupted, once
 #               SIGKILLed after its first checkpoint and run again (the same command resumes); the losses compared
 #   two_gpu_eq  1 vs 2 GPUs (DDP) at equal global batch in fp32: the loss curves must match
 #   two_gpu_mem DDP and FSDP on 2 GPUs, batch 2: peak GiB per process
@@ -108,7 +108,7 @@ profile_480p|profile_720p)
   ;;
 resume)  # a kill -9 loses at most the steps since the last checkpoint; the resumed run's losses are the run's own
   # time boxes follow STEPS: ~1.1 s a step at 480p on an H100, up to 2 s beside other work, and two 17 GB saves
-  steps=${STEPS:-90}; every=$((steps / 2)); box=$((steps * 2 + 240))
+  steps=${STEPS:-200}; every=$((steps / 2)); box=$((steps * 2 + 240))
   RES=("${SYN[@]}" "${R480[@]}" train.max_steps=$steps checkpoint.every=$every checkpoint.keep_last=1
        checkpoint.resume=latest overwrite_output_dir=false logging.every=1)
   run resume_ref $box python3 "$PEAK" $CFG-mhla-finetune.yaml output_dir=$WORK/ref "${RES[@]}"
