@@ -13,7 +13,9 @@ the difference there overstates a GPU's, where it is the norm's output alone.
     python -m benchmarks saved_activations --latent 21x90x160 --peak --sdpa   # and the softmax block beside it
 
 With --sdpa the same block with its softmax attention (as diffusers builds it) is measured too: what MHLA keeps beyond
-softmax for backward, and the checkpointed step's peak of each.
+softmax for backward, and the checkpointed step's peak of each. With --compile (and --peak) the checkpointed step's
+peak is measured compiled as well, as ``train.compile`` compiles it; --layers N builds N blocks (each checkpointed: a
+compiled graph that holds a block's activations past its checkpoint shows as a peak growing with N).
 
 (from the repository root)
 """
@@ -28,6 +30,7 @@ import torch
 import mediagen
 from mediagen.models.norms import cast_rms_norms
 from mediagen.models.presets import build_transformer, preset
+from mediagen.training.trainer import training_compile_options
 
 
 def saved_bytes(model, module, inputs, autocast: bool) -> int:
@@ -78,16 +81,22 @@ def main(argv=None):
     parser.add_argument("--peak", action="store_true", help="(CUDA) also the peak memory of a checkpointed step")
     parser.add_argument("--tiny", action="store_true", help="a 2-head 32-wide block on a 3x8x8 latent (CPU smoke)")
     parser.add_argument("--sdpa", action="store_true", help="also the block with softmax attention (not converted)")
+    parser.add_argument("--compile", action="store_true", help="with --peak: also the checkpointed step compiled")
+    parser.add_argument("--layers", type=int, default=1, help="blocks in the model (saved bytes: the first's)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.peak and device.type != "cuda":
         parser.error("--peak needs a CUDA device")
+    if args.compile and not args.peak:
+        parser.error("--compile measures the step's peak: give --peak too")
+    if args.layers < 1:
+        parser.error(f"--layers {args.layers} is not allowed: use 1 or more")
     try:
         frames, height, width = (3, 8, 8) if args.tiny else map(int, args.latent.split("x"))
         blocks = [int(b) for b in args.blocks.split("x")] if args.blocks else None
     except ValueError:
         parser.error(f"--latent {args.latent!r} / --blocks {args.blocks!r}: use FxHxW, e.g. 21x90x160 and 3x5x10")
-    overrides = dict(num_layers=1)
+    overrides = dict(num_layers=args.layers)
     if args.tiny:
         overrides.update(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, text_dim=32)
     autocast = args.dtype == "bf16"
@@ -111,21 +120,35 @@ def main(argv=None):
         cast_rms_norms(model)  # as the training components do
         return model.to(device).train()
 
+    def fuse(model, fused):
+        for block in model.blocks:
+            block.attn1.processor.fuse_out_norm_linear = fused
+
+    def compiled_peak(model):
+        """The checkpointed step's peak under torch.compile (after a step that compiles it)."""
+        torch._dynamo.reset()
+        fn = torch.compile(model, options=training_compile_options() or None)
+        step_peak(fn, inputs, autocast)
+        peak = step_peak(fn, inputs, autocast)
+        torch._dynamo.reset()
+        return peak
+
     for out_norm in norms:
         model = built(out_norm)
-        attn = model.blocks[0].attn1
         result = {}
         for fused in (False, True):
-            attn.processor.fuse_out_norm_linear = fused
+            fuse(model, fused)
             result[fused] = saved_bytes(model, model.blocks[0], inputs, autocast)
         row = dict(out_norm="per_head" if out_norm == "per_head" else "all heads", tokens=tokens,
                    apart=result[False], fused=result[True])
         if args.peak:
             model.enable_gradient_checkpointing()
             for fused in (False, True):
-                attn.processor.fuse_out_norm_linear = fused
+                fuse(model, fused)
                 step_peak(model, inputs, autocast)  # warm-up (kernels compiled, allocator settled)
                 row["peak fused" if fused else "peak apart"] = step_peak(model, inputs, autocast)
+            if args.compile:
+                row["peak compiled"] = compiled_peak(model)
         rows.append(row)
         del model
     softmax = None
@@ -136,6 +159,8 @@ def main(argv=None):
             model.enable_gradient_checkpointing()
             step_peak(model, inputs, autocast)
             softmax["peak"] = step_peak(model, inputs, autocast)
+            if args.compile:
+                softmax["peak compiled"] = compiled_peak(model)
         del model
 
     scale = args.scale_tokens / tokens
@@ -151,11 +176,13 @@ def main(argv=None):
               f"{less * scale / mib:.0f} MiB less")
         if args.peak:
             print(f"{'':>9}  step peak {row['peak apart'] / mib:.0f} MiB apart, {row['peak fused'] / mib:.0f} MiB "
-                  f"fused ({(row['peak apart'] - row['peak fused']) / mib:.0f} MiB less)")
+                  f"fused ({(row['peak apart'] - row['peak fused']) / mib:.0f} MiB less)"
+                  + (f"; compiled {row['peak compiled'] / mib:.0f} MiB" if args.compile else ""))
     if softmax is not None:
         print(f"  softmax: saved per block {softmax['saved'] / mib:.1f} MiB; at {args.scale_tokens} tokens "
               f"{softmax['saved'] * scale / mib:.0f} MiB" + (f"; step peak {softmax['peak'] / mib:.0f} MiB"
-                                                            if args.peak else ""))
+                                                            if args.peak else "")
+              + (f"; compiled {softmax['peak compiled'] / mib:.0f} MiB" if args.compile else ""))
         rows.append(softmax)
     return rows
 

@@ -269,3 +269,16 @@ def test_saved_activations_benchmark_measures_the_softmax_block_beside(capsys):
     assert 0.5 * mhla < softmax < 2 * mhla, (softmax, mhla)
     line = next(line for line in out.splitlines() if line.strip().startswith("softmax:"))
     assert f"{softmax / 2 ** 20:.1f} MiB" in line, line
+
+
+def test_saved_activations_benchmark_layers_and_compile_arguments(capsys):
+    """``--layers N`` builds N blocks and still reports the first block's saved bytes (those of a one-block
+    model); ``--compile`` measures a step peak, so it needs ``--peak``; a block count below 1 is refused."""
+    from benchmarks import saved_activations
+    one = saved_activations.main(["--tiny"])
+    two = saved_activations.main(["--tiny", "--layers", "2"])
+    assert [(r["apart"], r["fused"]) for r in two] == [(r["apart"], r["fused"]) for r in one]
+    for argv, message in ((["--tiny", "--compile"], "give --peak too"), (["--tiny", "--layers", "0"], "--layers 0")):
+        with pytest.raises(SystemExit):
+            saved_activations.main(argv)
+        assert message in capsys.readouterr().err
