@@ -149,9 +149,9 @@ def training_compile_options() -> dict:
     That fusion (on by default on GPUs since torch 2.10) computes a norm's row sums and column sums in one
     kernel. Where several column sums are slices of one parameter's gradient, as Wan's ``scale_shift_table``
     is chunked into shift, scale and gate, the fused kernel's sums never reach that gradient's buffer, which
-    keeps stale or uninitialised memory (pytorch/pytorch#193061; torch 2.14.1's codegen still rebinds them): Wan2.1-1.3B at
-    480p and 720p trained with gradient norms of ~1e5 against ~2 eager (docs/RESULTS.md). Sampling compiles
-    forward only and keeps it."""
+    keeps stale or uninitialised memory (pytorch/pytorch#193061; torch 2.14.1's Inductor still writes them to
+    a new tensor): with it, Wan2.1-1.3B's gradient norm is ~1e5 against ~2 eager (docs/RESULTS.md). Sampling
+    compiles forward only and keeps it."""
     from torch._inductor import config
 
     return {"triton.mix_order_reduction": False} if hasattr(config.triton, "mix_order_reduction") else {}
