@@ -153,7 +153,8 @@ class TrainSection:
     distributed: str = "ddp"                # ddp | fsdp (when launched on several processes)
     seed: int = 0
     time_limit_minutes: float = 0.0         # > 0: checkpoint and stop after this much wall time (resume later)
-    compile: bool = False                   # torch.compile the transformer's forward (weights and names unchanged)
+    compile: bool = False                   # torch.compile the transformer's forward (weights and names unchanged;
+                                            # Inductor options: trainer.training_compile_options)
     sequence_parallel: bool = False         # text-to-video, all-MHLA: the launched processes share each sample's
                                             # tokens (blocks of the grid) instead of splitting the batch
 
