@@ -14,8 +14,9 @@ the difference there overstates a GPU's, where it is the norm's output alone.
 
 With --sdpa the same block with its softmax attention (as diffusers builds it) is measured too: what MHLA keeps beyond
 softmax for backward, and the checkpointed step's peak of each. With --compile (and --peak) the checkpointed step's
-peak is measured compiled as well, as ``train.compile`` compiles it; --layers N builds N blocks (each checkpointed: a
-compiled graph that holds a block's activations past its checkpoint shows as a peak growing with N).
+peak is measured compiled as well, as ``train.compile`` compiles it (--compile-scope: the whole model as one graph,
+each block on its own, or both); --layers N builds N blocks (each checkpointed: a compiled graph that holds a block's
+activations past its checkpoint shows as a peak growing with N).
 
 (from the repository root)
 """
@@ -30,7 +31,7 @@ import torch
 import mediagen
 from mediagen.models.norms import cast_rms_norms
 from mediagen.models.presets import build_transformer, preset
-from mediagen.training.trainer import training_compile_options
+from mediagen.training.trainer import compile_for_training
 
 
 def saved_bytes(model, module, inputs, autocast: bool) -> int:
@@ -82,6 +83,8 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="a 2-head 32-wide block on a 3x8x8 latent (CPU smoke)")
     parser.add_argument("--sdpa", action="store_true", help="also the block with softmax attention (not converted)")
     parser.add_argument("--compile", action="store_true", help="with --peak: also the checkpointed step compiled")
+    parser.add_argument("--compile-scope", choices=["model", "blocks", "both"], default="model",
+                        help="with --compile: train.compile_scope to measure (both: one after the other)")
     parser.add_argument("--layers", type=int, default=1, help="blocks in the model (saved bytes: the first's)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -124,14 +127,19 @@ def main(argv=None):
         for block in model.blocks:
             block.attn1.processor.fuse_out_norm_linear = fused
 
-    def compiled_peak(model):
-        """The checkpointed step's peak under torch.compile (after a step that compiles it)."""
-        torch._dynamo.reset()
-        fn = torch.compile(model, options=training_compile_options() or None)
-        step_peak(fn, inputs, autocast)
-        peak = step_peak(fn, inputs, autocast)
-        torch._dynamo.reset()
-        return peak
+    scopes = ["model", "blocks"] if args.compile_scope == "both" else [args.compile_scope]
+
+    def compiled_peaks(model, into):
+        """The checkpointed step's peak compiled per scope, as ``train.compile`` compiles it (after a step that
+        compiles it), into ``into["peak compiled SCOPE"]``; the model is left uncompiled."""
+        for scope in scopes:
+            torch._dynamo.reset()
+            compile_for_training(model, scope)
+            step_peak(model, inputs, autocast)
+            into[f"peak compiled {scope}"] = step_peak(model, inputs, autocast)
+            for module in model.modules():
+                module._compiled_call_impl = None
+            torch._dynamo.reset()
 
     for out_norm in norms:
         model = built(out_norm)
@@ -148,7 +156,7 @@ def main(argv=None):
                 step_peak(model, inputs, autocast)  # warm-up (kernels compiled, allocator settled)
                 row["peak fused" if fused else "peak apart"] = step_peak(model, inputs, autocast)
             if args.compile:
-                row["peak compiled"] = compiled_peak(model)
+                compiled_peaks(model, row)
         rows.append(row)
         del model
     softmax = None
@@ -160,8 +168,11 @@ def main(argv=None):
             step_peak(model, inputs, autocast)
             softmax["peak"] = step_peak(model, inputs, autocast)
             if args.compile:
-                softmax["peak compiled"] = compiled_peak(model)
+                compiled_peaks(model, softmax)
         del model
+
+    def compiled(row):
+        return "".join(f"; compiled ({s}) {row[f'peak compiled {s}'] / mib:.0f} MiB" for s in scopes) if args.compile else ""
 
     scale = args.scale_tokens / tokens
     mib = 2 ** 20
@@ -177,12 +188,12 @@ def main(argv=None):
         if args.peak:
             print(f"{'':>9}  step peak {row['peak apart'] / mib:.0f} MiB apart, {row['peak fused'] / mib:.0f} MiB "
                   f"fused ({(row['peak apart'] - row['peak fused']) / mib:.0f} MiB less)"
-                  + (f"; compiled {row['peak compiled'] / mib:.0f} MiB" if args.compile else ""))
+                  + compiled(row))
     if softmax is not None:
         print(f"  softmax: saved per block {softmax['saved'] / mib:.1f} MiB; at {args.scale_tokens} tokens "
               f"{softmax['saved'] * scale / mib:.0f} MiB" + (f"; step peak {softmax['peak'] / mib:.0f} MiB"
                                                             if args.peak else "")
-              + (f"; compiled {softmax['peak compiled'] / mib:.0f} MiB" if args.compile else ""))
+              + compiled(softmax))
         rows.append(softmax)
     return rows
 

@@ -28,6 +28,7 @@ DATASETS = ("mnist", "moving-mnist", "image-folder", "video-folder", "latent-cac
 SCHEDULES = ("constant", "cosine")
 FINETUNE_MODES = ("none", "full", "lora", "convert")
 DISTRIBUTED = ("ddp", "fsdp")
+COMPILE_SCOPES = ("model", "blocks")
 TEACHER_CAPTIONS = ("same", "template")
 MNIST_SPLITS = ("train", "held_out", "all")   # mediagen.data.load_mnist10k; data.split of the MNIST datasets
 BAD_VIDEOS = ("stop", "skip")
@@ -155,6 +156,8 @@ class TrainSection:
     time_limit_minutes: float = 0.0         # > 0: checkpoint and stop after this much wall time (resume later)
     compile: bool = False                   # torch.compile the transformer's forward (weights and names unchanged;
                                             # Inductor options: trainer.training_compile_options)
+    compile_scope: str = "model"            # model: one graph for the whole forward | blocks: each repeated block
+                                            # (diffusers' _repeated_blocks) its own graph, as compile_repeated_blocks
     sequence_parallel: bool = False         # text-to-video, all-MHLA: the launched processes share each sample's
                                             # tokens (blocks of the grid) instead of splitting the batch
 
@@ -198,7 +201,8 @@ class TrainConfig:
 _CHOICES = {"task": TASKS, "objective.kind": OBJECTIVES, "objective.timestep_sampling": TIMESTEP_SAMPLING,
             "train.mixed_precision": PRECISIONS, "data.dataset": DATASETS, "optim.schedule": SCHEDULES,
             "finetune.mode": FINETUNE_MODES, "finetune.teacher_caption": TEACHER_CAPTIONS,
-            "train.distributed": DISTRIBUTED, "data.bad_videos": BAD_VIDEOS}
+            "train.distributed": DISTRIBUTED, "train.compile_scope": COMPILE_SCOPES,
+            "data.bad_videos": BAD_VIDEOS}
 
 
 def _valid_keys(node_type, dotted: str) -> list[str]:

@@ -50,7 +50,7 @@ from ..pipelines.schedulers import latent_tokens
 from . import checkpoint as ckpt
 from .components import Components, build_components
 from .conditioning import Conditioner
-from .config import ConfigError, save_config
+from .config import COMPILE_SCOPES, ConfigError, save_config
 from .data import build_dataset, collate
 from .data.latent_cache import cache_tag
 from .data.sampler import MicroBatchSampler, StepBatches, check_micro_split
@@ -155,6 +155,27 @@ def training_compile_options() -> dict:
     from torch._inductor import config
 
     return {"triton.mix_order_reduction": False} if hasattr(config.triton, "mix_order_reduction") else {}
+
+
+def compile_for_training(model, scope: str = "model") -> None:
+    """``train.compile``: compiles ``model``'s forward in place (parameter names, checkpoints and EMA stay those
+    of the plain model) with ``training_compile_options``. ``scope`` "model": one graph for the whole forward;
+    "blocks": each of the model's repeated blocks (diffusers' ``_repeated_blocks``, as ``compile_repeated_blocks``)
+    its own graph, which gradient checkpointing then wraps like an eager block, so what a step holds cannot depend
+    on how Inductor orders one graph across all the layers."""
+    options = training_compile_options() or None
+    if scope == "model":
+        model.compile(options=options)
+        return
+    if scope != "blocks":
+        raise ConfigError(f"train.compile_scope={scope!r} is not allowed: use one of {COMPILE_SCOPES}")
+    names = tuple(getattr(model, "_repeated_blocks", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ConfigError(f"train.compile_scope='blocks' is not allowed for {type(model).__name__}: it names no "
+                          f"repeated blocks (_repeated_blocks {list(names)}) found in it; use 'model'")
+    for block in blocks:
+        block.compile(options=options)
 
 
 def make_accelerator(cfg):
@@ -481,8 +502,7 @@ def train(cfg, on_step_end=None) -> dict:
     scheduler = make_lr_scheduler(optimizer, cfg.optim, cfg.train.max_steps)
     model.train()
     if cfg.train.compile:
-        # compiles forward in place: parameter names, checkpoints and EMA stay those of the plain model
-        model.compile(options=training_compile_options() or None)
+        compile_for_training(model, cfg.train.compile_scope)
     if sp:
         from ..models.sequence_parallel import enable_sequence_parallel
 
