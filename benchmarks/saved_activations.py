@@ -171,11 +171,12 @@ def main(argv=None):
                 compiled_peaks(model, softmax)
         del model
 
-    def compiled(row):
-        return "".join(f"; compiled ({s}) {row[f'peak compiled {s}'] / mib:.0f} MiB" for s in scopes) if args.compile else ""
-
     scale = args.scale_tokens / tokens
     mib = 2 ** 20
+
+    def compiled(row):
+        """The row's compiled peaks as printed ("" without --compile)."""
+        return "".join(f"; compiled ({s}) {row[f'peak compiled {s}'] / mib:.0f} MiB" for s in scopes if args.compile)
     channels = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device: {where}; dtype {args.dtype}; latent {frames}x{height}x{width} = {tokens} tokens; width {channels}")

@@ -168,4 +168,5 @@ def test_block_compiled_mhla_step_holds_no_more_than_eager():
         compiled = peak()
     finally:
         torch._dynamo.reset()
-    assert compiled <= 1.05 * eager + 2 ** 27, f"compiled by blocks {compiled / 2**20:.0f} MiB, eager {eager / 2**20:.0f}"
+    mib = 2 ** 20
+    assert compiled <= 1.05 * eager + 128 * mib, f"compiled by blocks {compiled / mib:.0f} MiB, eager {eager / mib:.0f}"
