@@ -51,17 +51,15 @@ def test_compile_scope_refusals(tmp_path):
     assert not (tmp_path / "b" / "checkpoints").exists()
 
 
-def _wan_grads(model, fn, checkpointing):
+def _wan_grads(model):
     from mediagen.models.presets import preset
 
     cfg = preset("wan-tiny")["config"]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, cfg["in_channels"], 4, 8, 8, generator=g)
     text = torch.randn(2, 8, cfg["text_dim"], generator=g)
-    if checkpointing:
-        model.enable_gradient_checkpointing()
     model.zero_grad(set_to_none=True)
-    out = fn(hidden_states=x, timestep=torch.tensor([300.0, 800.0]), encoder_hidden_states=text, return_dict=False)[0]
+    out = model(hidden_states=x, timestep=torch.tensor([300.0, 800.0]), encoder_hidden_states=text, return_dict=False)[0]
     out.square().mean().backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -77,11 +75,12 @@ def test_block_compiled_gradients_match_eager_under_checkpointing(attention):
     model = build_transformer("wan-tiny").train()
     if attention:
         mediagen.convert(model, attention, rope="features", out_norm=True, grid=(4, 4, 4), blocks=(2, 2, 2))
-    eager = _wan_grads(model, model, checkpointing=True)
+    model.enable_gradient_checkpointing()
+    eager = _wan_grads(model)
     torch._dynamo.reset()
     compile_for_training(model, "blocks")
     try:
-        compiled = _wan_grads(model, model, checkpointing=True)
+        compiled = _wan_grads(model)
         assert all(b._compiled_call_impl is not None for b in model.blocks)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the blocks ran compiled
     finally:
@@ -133,7 +132,10 @@ def test_compiled_wan_gradients_match_eager(name):
 def test_block_compiled_mhla_step_holds_no_more_than_eager():
     """4 checkpointed MHLA blocks of Wan2.1-1.3B's width at 480p (32,760 tokens, blocks 3 x 5 x 10), bf16 autocast:
     a step's peak compiled by blocks is within 5% (+128 MiB) of the eager step's."""
+    import functools
+
     import mediagen
+    from benchmarks.saved_activations import step_peak
     from mediagen.models.norms import cast_rms_norms
     from mediagen.models.presets import build_transformer, preset
 
@@ -148,17 +150,7 @@ def test_block_compiled_mhla_step_holds_no_more_than_eager():
                   timestep=torch.tensor([500.0], device="cuda"),
                   encoder_hidden_states=torch.randn(1, 512, cfg["text_dim"], device="cuda"))
 
-    def peak():
-        model.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(**inputs, return_dict=False)[0]
-        out.float().square().mean().backward()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-
+    peak = functools.partial(step_peak, model, inputs, True)  # bf16 autocast, as training runs
     peak()  # warm-up: kernels compiled, allocator settled
     eager = peak()
     torch._dynamo.reset()

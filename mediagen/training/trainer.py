@@ -169,13 +169,11 @@ def compile_for_training(model, scope: str = "model") -> None:
         return
     if scope != "blocks":
         raise ConfigError(f"train.compile_scope={scope!r} is not allowed: use one of {COMPILE_SCOPES}")
-    names = tuple(getattr(model, "_repeated_blocks", None) or ())
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if not blocks:
+    try:
+        model.compile_repeated_blocks(options=options)
+    except (AttributeError, ValueError) as e:  # no diffusers model, or none of its repeated blocks in it
         raise ConfigError(f"train.compile_scope='blocks' is not allowed for {type(model).__name__}: it names no "
-                          f"repeated blocks (_repeated_blocks {list(names)}) found in it; use 'model'")
-    for block in blocks:
-        block.compile(options=options)
+                          f"repeated blocks (_repeated_blocks) found in it; use 'model'") from e
 
 
 def make_accelerator(cfg):
