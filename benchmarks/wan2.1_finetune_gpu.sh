@@ -9,8 +9,8 @@
 #   setup       the stand-in pipeline and the clips under $DATA (default /tmp/wan-data; about 7 GB)
 #   estimate    parameters of each variant (meta device) and the memory estimate below
 #   one_gpu_480p, one_gpu_720p   10 steps per variant on one H200, batch 1: peak GiB (s/step in metrics.jsonl);
-#               COMPILE=true: the same compiled (metrics files then named ...-compiled; COMPILE_SCOPE=blocks:
-#               train.compile_scope=blocks, files ...-compiled-blocks); VARIANTS: which of
+#               COMPILE=true: the same compiled, each block its own graph as the configs set it (files
+#               ...-compiled-blocks; COMPILE_SCOPE=model: the whole model one graph, ...-compiled); VARIANTS: which of
 #               "sdpa mhla hybrid" (all three unless set)
 #   profile_480p, profile_720p   where a step's time goes per variant (benchmarks/train_step_profile.py: attention,
 #               matmuls, norms, optimizer, other, host wait), steps 3-5 profiled; COMPILE and VARIANTS as above
@@ -62,7 +62,7 @@ keep_metrics() { cp "$1/metrics.jsonl" "$out/metrics-$2.jsonl" 2>/dev/null; rm -
 SYN=(model.pretrained=$DATA/wan-stand-in data.dataset=latent-cache data.num_workers=2 train.max_steps=10
      train.batch_size=1 train.micro_batch_size=1 optim.warmup_steps=0 checkpoint.every=100000 checkpoint.resume=null
      checkpoint.save_pipeline=false overwrite_output_dir=true logging.sample_every=0
-     logging.progress=false train.compile=${COMPILE:-false} train.compile_scope=${COMPILE_SCOPE:-model})
+     logging.progress=false train.compile=${COMPILE:-false} train.compile_scope=${COMPILE_SCOPE:-blocks})
 R480=(data.cache_dir=$DATA/synthetic-480p)
 R720=(data.cache_dir=$DATA/synthetic-720p objective.shift=5.0)
 case $part in
@@ -90,7 +90,7 @@ EOF
 one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conversion, then 10 steps)
   size=${part#one_gpu_}
   if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
-  sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled$([ "${COMPILE_SCOPE:-model}" = blocks ] && echo -blocks))
+  sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled$([ "${COMPILE_SCOPE:-blocks}" = blocks ] && echo -blocks))
   for v in ${VARIANTS:-sdpa mhla hybrid}; do
     run ${v}_$size$sfx $([ -n "$sfx" ] && echo 400 || echo 190) python3 "$PEAK" $CFG-$v-finetune.yaml \
       output_dir=$WORK/$v-$size "${SYN[@]}" "${R[@]}"
@@ -100,7 +100,7 @@ one_gpu_480p|one_gpu_720p)  # about 1 to 2 minutes per run (model load and conve
 profile_480p|profile_720p)
   size=${part#profile_}
   if [ "$size" = 480p ]; then R=("${R480[@]}"); else R=("${R720[@]}"); fi
-  sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled$([ "${COMPILE_SCOPE:-model}" = blocks ] && echo -blocks))
+  sfx=$([ "${COMPILE:-false}" = true ] && echo -compiled$([ "${COMPILE_SCOPE:-blocks}" = blocks ] && echo -blocks))
   for v in ${VARIANTS:-sdpa mhla hybrid}; do
     run profile_${v}_$size$sfx 400 python3 -m benchmarks train_step_profile $CFG-$v-finetune.yaml \
       output_dir=$WORK/profile-$v-$size "${SYN[@]}" "${R[@]}" --warmup 2 --steps 3 --out $out/profile-$v-$size$sfx.json
