@@ -188,15 +188,25 @@ class _Plan:
             sz = _run_summary(bp.summary, k, v, order, offsets, cos, sin, torch.float32)
             mixed = _run_mix(*bp.mix, m, sz, sz.dtype)
         dq, dsz_part = _run_query_grad(bp.query_grad, q, g, o, mixed, order, offsets, cos, sin, M, J)
+        # Each summary-sized fp32 buffer (B * H * M * (D^2 + D) values; 113 MiB at Wan2.1-1.3B's 720p) is dropped
+        # once read for the last time, so the key gradients' launch, beside dq, dk and dv, finds only dS alive
+        # rather than four (made here they are this frame's own; kept by the forward, the caller holds them)
+        del mixed
         # dS~ per query block (split parts summed in fp32)
         dmixed = dsz_part.view(B, H, M, J, X).sum(3, dtype=torch.float32) if J > 1 else dsz_part
-        dsz = _run_mix(*bp.mix_transposed, m, dmixed, dsz_part.dtype)  # dS_b = Mc^T dS~
+        part_dtype = dsz_part.dtype
+        del dsz_part
         if exchange is None:
             block_sz = sz.view(B, H, M, J, X).sum(3) if J > 1 else sz
+            del sz
             dmix = _run_mix_grad(bp.mix_grad, dmixed, block_sz)  # dMc_ib = <dS~_i, S_b>
+            del block_sz
+            dsz = _run_mix(*bp.mix_transposed, m, dmixed, part_dtype)  # dS_b = Mc^T dS~
         else:  # (one split per block: the exchanged summaries are whole blocks')
-            dsz = exchange.sum_summary_grads(dsz)
+            dsz = exchange.sum_summary_grads(_run_mix(*bp.mix_transposed, m, dmixed, part_dtype))
             dmix = _held_rows_mix_grad(dmixed, sz, mix.shape, self.rows)
+            del sz
+        del dmixed
         dk, dv = _run_key_grad(bp.key_grad, k, v, dsz, order, offsets, cos, sin)
         return dq, dk, dv, dmix if dmix.dtype == mix.dtype else dmix.to(mix.dtype)
 
