@@ -239,6 +239,45 @@ def test_compiled_training_step_matches_eager(backend, autocast, fused_calls):
         torch.testing.assert_close(grads[name], ref_grads[name], **tol, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def _graph_saved_bytes(out, exclude) -> int:
+    """Bytes of the distinct storages (parameters' excluded) that the autograd graph behind ``out`` holds for
+    backward: every node's saved tensors, a compiled graph's (AOTAutograd's CompiledFunctionBackward) included."""
+    seen, storages, nodes = set(), {}, [out.grad_fn]
+    while nodes:
+        fn = nodes.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for t in getattr(fn, "saved_tensors", ()) or ():
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in exclude:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        nodes.extend(f for f, _ in fn.next_functions)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("out_norm", ["per_head", True])
+def test_compiled_fused_layer_saves_one_activation_less(out_norm):
+    """Traced, the function's own save list does not bind: AOTAutograd's min-cut partitioner (Inductor's, and
+    aot_eager_decomp_partition's, used here for speed) chooses what the joint graph keeps, and left alone it keeps
+    the norm's output for the linear's weight gradient. The norm inside a checkpoint makes it recompute it, so
+    the compiled layer, like the eager one, keeps the norm's bf16 (B, N, C) output less than the modules apart."""
+    saved = {}
+    for fused in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = mediagen.convert(tiny_wan(num_layers=1, num_attention_heads=4, attention_head_dim=32), "mhla",
+                                 blocks=[1, 2, 2], rope="features", out_norm=out_norm).train()
+        cast_rms_norms(model)
+        _set_fused(model, fused)
+        compiled = torch.compile(model, backend="aot_eager_decomp_partition", fullgraph=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = compiled(**wan_inputs(batch=2, frames=4, height=32, width=32), return_dict=False)[0]
+        saved[fused] = _graph_saved_bytes(out, {p.untyped_storage().data_ptr() for p in model.parameters()})
+    torch._dynamo.reset()
+    one_activation = 2 * 1024 * 128 * 2  # 2 x (4 x 16 x 16) tokens of 128 channels, bf16
+    assert saved[False] - saved[True] >= one_activation, saved
+
+
 def test_saved_activations_benchmark_reports_less_saved_fused(capsys):
     """``python -m benchmarks saved_activations --tiny``: one Wan-layout block, both norm forms; fused saves the norm's
     bf16 (B, N, C) output less, less the fp32 rstd per row it keeps (a row per token and head with per_head; on a

@@ -24,14 +24,17 @@ The values and gradients are those of the unfused ops, dtype for dtype, because 
 Inside the function autocast is off: every tensor already has the dtype the unfused op would have run in,
 and the backward must not be cast again where it runs with autocast on.
 
-Under torch.compile the composite form is traced (Inductor fuses it; AOTAutograd inlines the function into
-its joint graph, so its partitioner makes the final choice of what is saved).
+Under torch.compile the composite form is traced and Inductor fuses it. There AOTAutograd's partitioner, not
+this function, chooses what the joint graph saves, and left alone it keeps the norm's output for the linear's
+weight gradient; so traced, the norm runs inside a non-reentrant checkpoint, whose ops the partitioner must
+recompute in backward (``_traced_rms_norm_linear``): the compiled layer saves what the eager function does.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 _HALF = (torch.float16, torch.bfloat16)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -169,4 +172,19 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor | None, eps: floa
             casts.append(dtype)
     if not casts:
         casts = [x.dtype]  # (the norm's output keeps x's dtype: no cast)
+    if torch.compiler.is_compiling():
+        return _traced_rms_norm_linear(x, norm_weight, eps, weight, bias, flatten_heads, tuple(casts))
     return _RMSNormLinear.apply(x, norm_weight, eps, weight, bias, flatten_heads, tuple(casts))
+
+
+def _traced_rms_norm_linear(x, norm_weight, eps, weight, bias, flatten_heads, casts):
+    """``rms_norm_linear`` as torch.compile traces it: the norm and the casts after it inside a non-reentrant
+    checkpoint (the partitioner recomputes them in backward), so the joint graph saves x, not the norm's output,
+    as ``_RMSNormLinear`` does eagerly; the casts for the linear are already made, so autocast stays off."""
+    def norm(x, norm_weight):
+        with torch.autocast(x.device.type, enabled=False):
+            return _linear_input(_rms_norm(x, norm_weight, eps, False)[0], flatten_heads, casts)
+
+    h = checkpoint(norm, x, norm_weight, use_reentrant=False)
+    with torch.autocast(x.device.type, enabled=False):
+        return F.linear(h, weight, bias)
